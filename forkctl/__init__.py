@@ -1,0 +1,1 @@
+"""forkctl: the tool that keeps the vLLM fork as a patch series on a pinned base."""

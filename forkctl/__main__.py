@@ -1,0 +1,53 @@
+"""python3 -m forkctl VERB: the fork's patch-series workflow."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import build, check, config, export, status, tree
+from .errors import ForkError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="forkctl", description=__doc__)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+    p = verbs.add_parser("sync", help="materialize ./tree: pinned base + patches/series")
+    p.add_argument("--force", action="store_true", help="discard local work in the tree")
+    verbs.add_parser("export", help="write the tree's commits back to patches/")
+    verbs.add_parser("check", help="validate headers, series, exact application, ruff")
+    p = verbs.add_parser("build", help="install the tree as `vllm` in .venv")
+    p.add_argument("--target", choices=build.TARGETS, default="cpu")
+    verbs.add_parser("status", help="a table of the series")
+    verbs.add_parser("version", help="print the version string the build installs")
+    args = parser.parse_args(argv)
+
+    try:
+        fork = config.load()
+        if args.verb == "sync":
+            tree.sync(fork, force=args.force)
+        elif args.verb == "export":
+            names = export.export(fork)
+            print(f"exported {len(names)} patches to {fork.patches_dir}")
+        elif args.verb == "check":
+            problems = check.check(fork)
+            for problem in problems:
+                print(f"problem: {problem}")
+            if problems:
+                print(f"{len(problems)} problem(s) in the series")
+                return 1
+            print(f"series ok: {len(tree.series.read(fork.series_file))} patches")
+        elif args.verb == "build":
+            build.build(fork, args.target)
+        elif args.verb == "status":
+            print(status.render(fork))
+        elif args.verb == "version":
+            print(build.fork_version(fork, "cpu"))
+    except ForkError as e:
+        print(f"forkctl {args.verb}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

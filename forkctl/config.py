@@ -1,0 +1,78 @@
+"""The pins in fork.toml and the places the tool reads and writes."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ForkError
+
+
+@dataclass(frozen=True)
+class Artifact:
+    project: str
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Fork:
+    root: Path
+    version: str
+    sdist: Artifact
+    wheels: dict[str, Artifact]
+    torch_version: str
+    tools: dict[str, str]
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def series_file(self) -> Path:
+        return self.patches_dir / "series"
+
+    @property
+    def tree_dir(self) -> Path:
+        return Path(os.environ.get("FORK_TREE", self.root / "tree"))
+
+    @property
+    def venv_dir(self) -> Path:
+        return Path(os.environ.get("FORK_VENV", self.root / ".venv"))
+
+    @property
+    def cache_dir(self) -> Path:
+        """Downloads live outside the repository so a fresh clone reuses them."""
+        if explicit := os.environ.get("FORK_CACHE"):
+            return Path(explicit)
+        xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(xdg) / "vllm-fork"
+
+
+def _artifact(table: dict, where: str) -> Artifact:
+    try:
+        return Artifact(table["project"], table["filename"], table["sha256"].lower())
+    except KeyError as e:
+        raise ForkError(f"fork.toml: [{where}] lacks {e.args[0]!r}") from None
+
+
+def load(root: Path | None = None) -> Fork:
+    root = Path(root or os.environ.get("FORK_ROOT") or Path.cwd()).resolve()
+    path = root / "fork.toml"
+    if not path.is_file():
+        raise ForkError(f"{path} not found: run forkctl from the repository root")
+    with path.open("rb") as f:
+        data = tomllib.load(f)
+    upstream = data["upstream"]
+    return Fork(
+        root=root,
+        version=upstream["version"],
+        sdist=_artifact(upstream["sdist"], "upstream.sdist"),
+        wheels={
+            name: _artifact(t, f"wheels.{name}") for name, t in data["wheels"].items()
+        },
+        torch_version=data["torch"]["version"],
+        tools=dict(data.get("tools", {})),
+    )

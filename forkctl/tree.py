@@ -1,0 +1,98 @@
+"""sync: materialize the base sources plus the series as a git work tree."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+from . import artifacts, patchfile, series
+from .config import Fork
+from .errors import ForkError
+from .git import BASE_IDENTITY, clean_env, git, out
+
+BASE_TAG = "base"
+SYNCED_TAG = "synced"
+
+
+def unpack_sdist(sdist: Path, dest: Path) -> None:
+    """Unpack the sdist's single top-level folder into dest."""
+    dest.mkdir(parents=True)
+    with tarfile.open(sdist) as tar:
+        members = []
+        for member in tar.getmembers():
+            top, _, rest = member.name.partition("/")
+            if not rest:
+                continue
+            member.name = rest
+            members.append(member)
+        tar.extractall(dest, members=members, filter="data")
+
+
+def _has_local_work(tree: Path) -> str | None:
+    if not (tree / ".git").is_dir():
+        return f"{tree} exists but is not a tree made by forkctl"
+    dirty = git(tree, "status", "--porcelain").stdout.strip()
+    if dirty:
+        return f"{tree} has uncommitted changes:\n{dirty}"
+    synced = git(tree, "rev-parse", "-q", "--verify", SYNCED_TAG, check=False)
+    head = out(tree, "rev-parse", "HEAD")
+    if synced.returncode != 0 or synced.stdout.strip() != head:
+        return f"{tree} has commits that were not exported (run `forkctl export`)"
+    return None
+
+
+def apply_series(fork: Fork, tree: Path) -> None:
+    env = clean_env(**{k: v for k, v in BASE_IDENTITY.items() if "COMMITTER" in k})
+    for name in series.read(fork.series_file):
+        path = fork.patches_dir / name
+        if not path.is_file():
+            raise ForkError(f"{name}: listed in patches/series but not in patches/")
+        problems = patchfile.hunk_problems(patchfile.parse(path), tree)
+        if problems:
+            raise ForkError(
+                f"{name} does not apply; the tree stops at the last good patch:\n  "
+                + "\n  ".join(problems)
+            )
+        result = git(
+            tree, "am", "--keep", "--keep-cr", "--quiet", str(path), env=env, check=False
+        )
+        if result.returncode != 0:
+            git(tree, "am", "--abort", check=False)
+            raise ForkError(
+                f"{name} does not apply; the tree stops at the last good patch:\n"
+                + (result.stderr or result.stdout).strip()
+            )
+        print(f"applied {name}", file=sys.stderr)
+
+
+def sync(fork: Fork, force: bool = False) -> Path:
+    tree = fork.tree_dir
+    if tree.exists():
+        reason = _has_local_work(tree)
+        if reason and not force:
+            raise ForkError(f"refusing to replace the tree: {reason}\n(--force discards it)")
+        shutil.rmtree(tree)
+    sdist = artifacts.fetch(fork, fork.sdist)
+    unpack_sdist(sdist, tree)
+    env = clean_env(**BASE_IDENTITY)
+    git(tree, "init", "-q", "-b", "main")
+    git(tree, "add", "-A")
+    git(
+        tree,
+        "commit",
+        "-q",
+        "--no-verify",
+        "-m",
+        f"vLLM {fork.version} (pinned base)\n\nUnpacked from {fork.sdist.filename}, "
+        f"sha256 {fork.sdist.sha256}.",
+        env=env,
+    )
+    git(tree, "tag", BASE_TAG)
+    try:
+        apply_series(fork, tree)
+    finally:
+        git(tree, "tag", "-f", SYNCED_TAG)
+    print(f"tree ready at {tree} ({out(tree, 'rev-parse', '--short', 'HEAD')})")
+    return tree

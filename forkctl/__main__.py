@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import build, check, config, export, status, tree
+from . import build, check, config, export, status, testing, tree
 from .errors import ForkError
 
 
@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     p = verbs.add_parser("build", help="install the tree as `vllm` in .venv")
     p.add_argument("--target", choices=build.TARGETS, default="cpu")
     verbs.add_parser("status", help="a table of the series")
+    p = verbs.add_parser("test", help="run the series' tests inside the tree")
+    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     verbs.add_parser("version", help="print the version string the build installs")
     args = parser.parse_args(argv)
 
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
             build.build(fork, args.target)
         elif args.verb == "status":
             print(status.render(fork))
+        elif args.verb == "test":
+            return testing.run_tests(fork, args.pytest_args)
         elif args.verb == "version":
             print(build.fork_version(fork, "cpu"))
     except ForkError as e:

@@ -20,12 +20,14 @@ from pathlib import Path
 from . import artifacts
 from .config import Fork
 from .errors import ForkError
-from .tree import sync
+from .tree import ensure_current, series_digest
 
 TARGETS = ("cpu", "cuda")
 # The torch family comes from fork.toml's pin; upstream's CPU requirement names
 # a +cpu local build that the package index does not serve.
 TORCH_FAMILY = re.compile(r"^(torch|torchaudio|torchvision)\b")
+# Upstream's CI lock: fork.toml names the packages held at its versions.
+CI_LOCK = "requirements/test.txt"
 BUILD_REQUIREMENTS = [
     "setuptools>=77.0.3,<81.0.0",
     "setuptools-scm>=8.0",
@@ -35,19 +37,10 @@ BUILD_REQUIREMENTS = [
 ]
 
 
-def series_hash(fork: Fork) -> str:
-    digest = hashlib.sha256()
-    files = [fork.series_file, *sorted(fork.patches_dir.glob("*.patch"))]
-    for path in files:
-        if path.exists():
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:10]
-
-
 def fork_version(fork: Fork, target: str) -> str:
     # vLLM's platform detection treats a version containing "cpu" as a CPU build.
     local = "cpu.fork" if target == "cpu" else "fork"
-    return f"{fork.version}+{local}.{series_hash(fork)}"
+    return f"{fork.version}+{local}.{series_digest(fork)[:10]}"
 
 
 def flatten_requirements(path: Path) -> list[str]:
@@ -67,7 +60,8 @@ def requirements(fork: Fork, tree: Path, target: str) -> list[str]:
     wanted = flatten_requirements(tree / "requirements" / f"{target}.txt")
     kept = [r for r in wanted if not TORCH_FAMILY.match(r)]
     tools = [f"{name}=={version}" for name, version in sorted(fork.tools.items())]
-    return [f"torch=={fork.torch_version}", *kept, *BUILD_REQUIREMENTS, *tools]
+    tests = locked_versions(tree, fork.test_requirements)
+    return [f"torch=={fork.torch_version}", *kept, *BUILD_REQUIREMENTS, *tools, *tests]
 
 
 def _run(cmd: list[str], **kwargs) -> None:
@@ -95,16 +89,36 @@ class Stamps:
         self.path.write_text(json.dumps(self.data, indent=1, sort_keys=True))
 
 
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked_versions(tree: Path, names: tuple[str, ...]) -> list[str]:
+    """`name==version` for each name, at the version upstream's CI lock pins."""
+    locked = {}
+    for line in flatten_requirements(tree / CI_LOCK):
+        name, sep, _ = line.partition("==")
+        if sep:
+            locked[_canonical(name)] = line
+    missing = [n for n in names if _canonical(n) not in locked]
+    if missing:
+        raise ForkError(f"{CI_LOCK} pins no version for {', '.join(missing)}")
+    return [locked[_canonical(n)] for n in names]
+
+
 def install_dependencies(fork: Fork, tree: Path, target: str, stamps: Stamps) -> None:
     reqs = requirements(fork, tree, target)
-    key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()
+    pins = locked_versions(tree, fork.ci_lock_pins)
+    key = hashlib.sha256("\n".join(reqs + pins).encode()).hexdigest()
     if stamps.fresh("dependencies", key):
         return
     req_file = fork.venv_dir / f"forkctl-requirements-{target}.txt"
     req_file.write_text("\n".join(reqs) + "\n")
+    pin_file = fork.venv_dir / "forkctl-constraints.txt"
+    pin_file.write_text("\n".join(pins) + "\n")
     pip = [str(fork.venv_dir / "bin" / "python"), "-m", "pip"]
     _run([*pip, "install", "--upgrade", "pip"])
-    _run([*pip, "install", "-r", str(req_file)])
+    _run([*pip, "install", "-r", str(req_file), "-c", str(pin_file)])
     stamps.set("dependencies", key)
 
 
@@ -156,7 +170,10 @@ def verify_install(fork: Fork, target: str, version: str) -> str:
         "from vllm.platforms import current_platform as p\n"
         "print(json.dumps([m.version('vllm'), p.device_type]))\n"
     )
-    proc = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    # From the tree's root, as the tests run: nothing there may shadow the install.
+    proc = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, cwd=fork.tree_dir
+    )
     if proc.returncode != 0:
         raise ForkError(f"the installed fork does not import:\n{proc.stderr[-3000:]}")
     installed, device = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -170,9 +187,7 @@ def verify_install(fork: Fork, target: str, version: str) -> str:
 def build(fork: Fork, target: str = "cpu") -> None:
     if target not in TARGETS:
         raise ForkError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
-    tree = fork.tree_dir
-    if not (tree / ".git").is_dir():
-        sync(fork)
+    tree = ensure_current(fork)
     if not (fork.venv_dir / "bin" / "python").exists():
         _run([sys.executable, "-m", "venv", str(fork.venv_dir)])
     stamps = Stamps(fork.venv_dir)

@@ -25,6 +25,8 @@ class Fork:
     wheels: dict[str, Artifact]
     torch_version: str
     tools: dict[str, str]
+    ci_lock_pins: tuple[str, ...] = ()
+    test_requirements: tuple[str, ...] = ()
 
     @property
     def patches_dir(self) -> Path:
@@ -75,4 +77,6 @@ def load(root: Path | None = None) -> Fork:
         },
         torch_version=data["torch"]["version"],
         tools=dict(data.get("tools", {})),
+        ci_lock_pins=tuple(data.get("constraints", {}).get("from_ci_lock", ())),
+        test_requirements=tuple(data.get("test", {}).get("from_ci_lock", ())),
     )

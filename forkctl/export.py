@@ -9,7 +9,7 @@ from . import series
 from .config import Fork
 from .errors import ForkError
 from .git import git, out
-from .tree import BASE_TAG, SYNCED_TAG
+from .tree import BASE_TAG, mark_synced
 
 FORMAT_PATCH = (
     "format-patch",
@@ -63,5 +63,5 @@ def export(fork: Fork) -> list[str]:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
     series.write(fork.series_file, names)
-    git(tree, "tag", "-f", SYNCED_TAG)
+    mark_synced(fork, tree)
     return names

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from email.errors import HeaderParseError
+from email.header import decode_header, make_header
 from pathlib import Path
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -53,6 +55,14 @@ class Patch:
     def upstream_status(self) -> str | None:
         values = self.trailers.get("Upstream-Status")
         return values[0] if values else None
+
+
+def _decode(value: str) -> str:
+    """Undo the RFC 2047 encoding format-patch gives non-ASCII headers."""
+    try:
+        return str(make_header(decode_header(value)))
+    except (HeaderParseError, LookupError, ValueError):
+        return value
 
 
 def _split_message(lines: list[str]) -> tuple[dict[str, str], list[str], int]:
@@ -162,8 +172,8 @@ def parse(path: Path) -> Patch:
     )
     return Patch(
         name=path.name,
-        author=headers.get("From", ""),
-        subject=headers.get("Subject", ""),
+        author=_decode(headers.get("From", "")),
+        subject=_decode(headers.get("Subject", "")),
         body=body,
         trailers=trailers,
         files=_parse_diff(diff_lines[first_diff:]),

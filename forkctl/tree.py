@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import tarfile
@@ -14,6 +15,35 @@ from .git import BASE_IDENTITY, clean_env, git, out
 
 BASE_TAG = "base"
 SYNCED_TAG = "synced"
+SERIES_STAMP = "forkctl-series"
+
+
+def series_digest(fork: Fork) -> str:
+    """Identifies the content of patches/, to tell when the tree is stale."""
+    digest = hashlib.sha256()
+    for path in [fork.series_file, *sorted(fork.patches_dir.glob("*.patch"))]:
+        if path.exists():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def mark_synced(fork: Fork, tree: Path) -> None:
+    git(tree, "tag", "-f", SYNCED_TAG)
+    (tree / ".git" / SERIES_STAMP).write_text(series_digest(fork))
+
+
+def ensure_current(fork: Fork) -> Path:
+    """Sync the tree if it is missing or older than patches/ (never over local work)."""
+    tree = fork.tree_dir
+    stamp = tree / ".git" / SERIES_STAMP
+    if stamp.exists() and stamp.read_text() == series_digest(fork):
+        return tree
+    if tree.exists() and (reason := _has_local_work(tree)):
+        raise ForkError(
+            f"the tree is older than patches/, but {reason}; "
+            "export it, or `forkctl sync --force` to discard it"
+        )
+    return sync(fork)
 
 
 def unpack_sdist(sdist: Path, dest: Path) -> None:
@@ -28,6 +58,10 @@ def unpack_sdist(sdist: Path, dest: Path) -> None:
             member.name = rest
             members.append(member)
         tar.extractall(dest, members=members, filter="data")
+    # setuptools' metadata from making the sdist: on sys.path from the tree's
+    # root it would shadow the installed distribution's version.
+    for egg_info in dest.glob("*.egg-info"):
+        shutil.rmtree(egg_info)
 
 
 def _has_local_work(tree: Path) -> str | None:
@@ -73,8 +107,10 @@ def sync(fork: Fork, force: bool = False) -> Path:
         reason = _has_local_work(tree)
         if reason and not force:
             raise ForkError(f"refusing to replace the tree: {reason}\n(--force discards it)")
-        shutil.rmtree(tree)
+    # Verify the base before the old tree is thrown away.
     sdist = artifacts.fetch(fork, fork.sdist)
+    if tree.exists():
+        shutil.rmtree(tree)
     unpack_sdist(sdist, tree)
     env = clean_env(**BASE_IDENTITY)
     git(tree, "init", "-q", "-b", "main")
@@ -93,6 +129,6 @@ def sync(fork: Fork, force: bool = False) -> Path:
     try:
         apply_series(fork, tree)
     finally:
-        git(tree, "tag", "-f", SYNCED_TAG)
+        mark_synced(fork, tree)
     print(f"tree ready at {tree} ({out(tree, 'rev-parse', '--short', 'HEAD')})")
     return tree

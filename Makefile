@@ -1,0 +1,24 @@
+# The two commands the README promises, plus the patch workflow's verbs.
+PYTHON ?= python3
+VENV_PY := .venv/bin/python
+MODELS := build/models
+
+.PHONY: serve test build sync export check status
+
+## serve: build the fork for CPU if needed, make a tiny MoE checkpoint, serve it, query it once
+serve: build
+	@test -f $(MODELS)/tiny-bf16/config.json || \
+	  $(VENV_PY) tools/tiny_checkpoint.py --out $(MODELS)/tiny-bf16 --scheme bf16
+	$(VENV_PY) tools/serve_demo.py --model $(MODELS)/tiny-bf16
+
+## test: the tool's own tests, the series check, then the series' tests in the tree
+test: build
+	$(VENV_PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTHON) -m forkctl check
+	$(PYTHON) -m forkctl test
+
+build:
+	$(PYTHON) -m forkctl build
+
+sync export check status:
+	$(PYTHON) -m forkctl $@

@@ -1,0 +1,998 @@
+"""Write tiny Qwen3-MoE checkpoints in real on-disk formats, fully offline.
+
+Why: end-to-end tests of the fork (serving, quantized MoE kernels on CPU) need
+a model that loads through exactly the same code paths as a real Hugging Face
+checkpoint -- config.json, safetensors, tokenizer.json -- but is small enough
+to load and run in seconds, and that can be produced without any network
+access.  Random weights are fine for that, as long as the outputs are not
+degenerate (greedy text must depend on the prompt), and as long as every
+quantized variant comes with a bf16 "twin" whose weights are exactly the
+dequantized quantized weights, so a test can compare a quantized run against a
+plain bf16 run of the same function.
+
+Usage::
+
+    python tools/tiny_checkpoint.py --out build/models/tiny-bf16 --scheme bf16
+    python tools/tiny_checkpoint.py --out build/models/tiny-fp8-tensor \
+        --scheme fp8-tensor          # also writes build/models/tiny-fp8-tensor-bf16twin
+    python tools/tiny_checkpoint.py --verify build/models/tiny-fp8-tensor
+
+Schemes live in ``SCHEMES`` (name -> writer function).  A writer gets the bf16
+master weights and returns the tensors to save, the ``quantization_config`` to
+put in config.json, and the dequantized bf16 twin weights.  To add a scheme
+(compressed-tensors W8A8 int8, GPTQ int4, ModelOpt MXFP8, ...) write one such
+function and register it.
+
+Formats written (checked against vLLM's readers in
+``vllm/model_executor/layers/quantization/fp8.py`` and
+``vllm/model_executor/models/qwen3_moe.py``):
+
+* ``fp8-tensor``: AutoFP8-style serialized FP8, ``{"quant_method": "fp8",
+  "activation_scheme": "static", "ignored_layers": [...]}``.  Every quantized
+  Linear / expert projection ``P`` has ``P.weight`` (float8_e4m3fn),
+  ``P.weight_scale`` and ``P.input_scale`` (float32 scalars, shape ``[]``, as
+  AutoFP8 writes them).  Input scales are calibrated by running the bf16 twin
+  over the embedded corpus.
+* ``fp8-block``: DeepSeek-V3 / Qwen3-FP8 style, ``{"quant_method": "fp8",
+  "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128,
+  128], "modules_to_not_convert": [...]}``, with ``P.weight`` float8_e4m3fn and
+  ``P.weight_scale_inv`` float32 of shape ``[ceil(N/128), ceil(K/128)]``.
+  Despite the name, ``weight_scale_inv`` is the dequantization multiplier:
+  ``w = fp8 * scale_inv`` blockwise.
+
+Not quantized in either scheme: embeddings, ``lm_head``, all RMSNorms and the
+router ``mlp.gate``.  vLLM builds the router as a ``ReplicatedLinear`` *with*
+the quant config, so it must be listed in the ignore list (full prefix match),
+which is also what the official Qwen3-MoE FP8 checkpoints do.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Nothing in here may touch the network; make HF libraries refuse to try.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import argparse
+import json
+import math
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+BLOCK = (128, 128)
+
+EOS_TOKEN = "<|endoftext|>"
+SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# A few KB of plain English to train the tokenizer on and to calibrate static
+# activation scales with.  Written for this script; no external source.
+CORPUS = """\
+The capital of France is Paris. The capital of Germany is Berlin. The capital
+of Italy is Rome, and the capital of Spain is Madrid. Paris is known for its
+museums, its cafes and the long river that runs through the middle of the city.
+Berlin is a large city with many parks, lakes and old train stations. Rome is
+one of the oldest cities in Europe, and people have lived there for thousands
+of years. Madrid sits on a high plain in the center of the country.
+
+The weather today is cold and windy, with a chance of rain in the afternoon.
+Tomorrow the sun will come out and the temperature will rise a little. In the
+summer the days are long and warm; in the winter the nights are long and the
+roads are often covered with snow and ice. Farmers watch the sky closely,
+because a late frost in spring can ruin a whole year of work.
+
+To make a simple bread, mix flour, water, salt and a little yeast in a large
+bowl. Knead the dough for ten minutes until it is smooth, then let it rest in a
+warm place for an hour. Shape the loaf, bake it in a hot oven for about forty
+minutes, and let it cool before you cut it. A good soup starts with onions,
+carrots and celery cooked slowly in butter, then water or stock, a few herbs,
+and plenty of patience.
+
+A computer program is a list of instructions that a machine can follow. Good
+programs are easy to read, easy to test and easy to change. When a program
+fails, the first step is to reproduce the failure, the second step is to read
+the error message carefully, and the third step is to make the smallest change
+that fixes the problem. Tests make it safe to change code later, because they
+tell you quickly when something that used to work has stopped working.
+
+Water boils at one hundred degrees at sea level and freezes at zero. Light from
+the sun takes about eight minutes to reach the earth. The moon goes around the
+earth about once a month, and the earth goes around the sun once a year. Plants
+use light, water and air to make sugar, and they give off the oxygen that
+animals need to breathe. The ocean covers most of the surface of the planet.
+
+Once upon a time there was a small village at the edge of a dark forest. The
+people of the village were farmers and weavers, and every autumn they held a
+market in the square. One year a stranger arrived with a cart full of books.
+He said that he would trade one book for one story, and by the end of the week
+every child in the village had a book, and the stranger had a thousand stories.
+
+The train leaves the station at seven in the morning and arrives in the city
+before noon. Passengers may bring one large bag and one small bag. Please keep
+your ticket until the end of the journey, and ask the conductor if you need
+help. The next train to the coast departs from platform four at half past nine.
+
+Music is made of sound and silence arranged in time. A song may be slow or
+fast, loud or soft, happy or sad. Many people learn to play the piano or the
+guitar when they are young, and some keep playing for the rest of their lives.
+A small band can fill a room with noise, but a single voice can fill it with
+feeling. The best teachers say that practice matters more than talent.
+
+History is the study of what people did, what they believed, and why things
+changed. Old letters, maps, coins and buildings all tell part of the story.
+Historians compare many sources, because every source has a point of view.
+The invention of writing, the printing press and the telephone each changed
+how quickly ideas could travel from one place to another.
+
+The market opens at eight and closes at six. Apples, pears, plums and grapes
+are sold by the kilogram; bread, cheese and eggs are sold by the piece. On
+Saturdays there are more people, more noise and more choice. Children like the
+stall that sells honey, and old men like the stall that sells newspapers and
+strong black coffee. In the evening the square is quiet again.
+
+Numbers are everywhere: one, two, three, four, five, six, seven, eight, nine,
+ten. Twelve months make a year, seven days make a week, and sixty minutes make
+an hour. The sum of two and two is four, and half of ten is five. Engineers use
+numbers to build bridges that stand for a hundred years, and doctors use them
+to measure the health of their patients.
+"""
+
+CALIBRATION_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "To make a simple bread,",
+    "A computer program is",
+    "The weather today is",
+    "Numbers are everywhere:",
+    "The train leaves the station at",
+    "Music is made of",
+]
+
+
+# --------------------------------------------------------------------------
+# Model shape and weights
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Qwen3-MoE dimensions. hidden != moe_intermediate on purpose."""
+
+    hidden: int = 256
+    layers: int = 2
+    experts: int = 8
+    top_k: int = 2
+    moe_intermediate: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    max_positions: int = 2048
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    vocab_target: int = 2000
+
+
+def hf_config(shape: Shape, vocab_size: int, eos_id: int) -> dict[str, object]:
+    """config.json contents, modelled on Qwen/Qwen3-30B-A3B's config."""
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "decoder_sparse_step": 1,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": shape.hidden,
+        "initializer_range": 0.02,
+        # Dense MLP size; unused because every layer is sparse.
+        "intermediate_size": 4 * shape.hidden,
+        "max_position_embeddings": shape.max_positions,
+        "max_window_layers": shape.layers,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": shape.moe_intermediate,
+        "norm_topk_prob": True,
+        "num_attention_heads": shape.heads,
+        "num_experts": shape.experts,
+        "num_experts_per_tok": shape.top_k,
+        "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads,
+        "output_router_logits": False,
+        "rms_norm_eps": shape.rms_eps,
+        "rope_scaling": None,
+        "rope_theta": shape.rope_theta,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": vocab_size,
+    }
+
+
+def shape_from_config(cfg: dict[str, object]) -> Shape:
+    def get(key: str) -> int:
+        value = cfg[key]
+        assert isinstance(value, int), key
+        return value
+
+    return Shape(
+        hidden=get("hidden_size"),
+        layers=get("num_hidden_layers"),
+        experts=get("num_experts"),
+        top_k=get("num_experts_per_tok"),
+        moe_intermediate=get("moe_intermediate_size"),
+        heads=get("num_attention_heads"),
+        kv_heads=get("num_key_value_heads"),
+        head_dim=get("head_dim"),
+        max_positions=get("max_position_embeddings"),
+        rope_theta=float(cfg["rope_theta"]),  # type: ignore[arg-type]
+        rms_eps=float(cfg["rms_norm_eps"]),  # type: ignore[arg-type]
+    )
+
+
+def linear_shapes(shape: Shape) -> dict[str, tuple[int, int]]:
+    """[out, in] of every Linear weight (the quantizable ones + the router)."""
+    h, i = shape.hidden, shape.moe_intermediate
+    shapes: dict[str, tuple[int, int]] = {}
+    for layer in range(shape.layers):
+        p = f"model.layers.{layer}"
+        shapes[f"{p}.self_attn.q_proj"] = (shape.heads * shape.head_dim, h)
+        shapes[f"{p}.self_attn.k_proj"] = (shape.kv_heads * shape.head_dim, h)
+        shapes[f"{p}.self_attn.v_proj"] = (shape.kv_heads * shape.head_dim, h)
+        shapes[f"{p}.self_attn.o_proj"] = (h, shape.heads * shape.head_dim)
+        shapes[f"{p}.mlp.gate"] = (shape.experts, h)
+        for e in range(shape.experts):
+            shapes[f"{p}.mlp.experts.{e}.gate_proj"] = (i, h)
+            shapes[f"{p}.mlp.experts.{e}.up_proj"] = (i, h)
+            shapes[f"{p}.mlp.experts.{e}.down_proj"] = (h, i)
+    return shapes
+
+
+def unquantized_modules(shape: Shape) -> list[str]:
+    """Module prefixes every quantized scheme leaves in bf16 (vLLM names)."""
+    return ["lm_head"] + [f"model.layers.{i}.mlp.gate" for i in range(shape.layers)]
+
+
+def is_quantized_module(module: str) -> bool:
+    return module.endswith(("_proj",))
+
+
+def weight_spec(shape: Shape, vocab: int) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor of the bf16 checkpoint."""
+    spec: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (vocab, shape.hidden),
+        "model.norm.weight": (shape.hidden,),
+        "lm_head.weight": (vocab, shape.hidden),
+    }
+    for layer in range(shape.layers):
+        p = f"model.layers.{layer}"
+        spec[f"{p}.input_layernorm.weight"] = (shape.hidden,)
+        spec[f"{p}.post_attention_layernorm.weight"] = (shape.hidden,)
+        spec[f"{p}.self_attn.q_norm.weight"] = (shape.head_dim,)
+        spec[f"{p}.self_attn.k_norm.weight"] = (shape.head_dim,)
+    for module, (n, k) in linear_shapes(shape).items():
+        spec[f"{module}.weight"] = (n, k)
+    return spec
+
+
+def init_weights(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]:
+    """Random bf16 weights, deterministic for a seed.
+
+    Linear weights use std 1/sqrt(fan_in) (unit-variance activations through
+    the stack); embeddings std 1 so the residual stream carries the token
+    identity; lm_head std 0.25 so logits have std ~4 and greedy decoding has
+    clear margins (robust against fp8 noise) yet still depends on the prompt.
+    Norm weights are random around 1 so that a norm that is skipped or
+    applied to the wrong tensor changes the output.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    weights: dict[str, torch.Tensor] = {}
+    for name, dims in sorted(weight_spec(shape, vocab).items()):
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.1 * torch.randn(dims, generator=gen)
+        elif name == "model.embed_tokens.weight":
+            t = torch.randn(dims, generator=gen)
+        elif name == "lm_head.weight":
+            t = 0.25 * torch.randn(dims, generator=gen)
+        else:
+            t = torch.randn(dims, generator=gen) / math.sqrt(dims[1])
+        weights[name] = t.to(torch.bfloat16)
+    return weights
+
+
+# --------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------
+
+
+def train_tokenizer(vocab_target: int):  # -> tokenizers.Tokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = BpeTrainer(
+        vocab_size=vocab_target,
+        min_frequency=1,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    return tok
+
+
+def save_tokenizer(tok, out: Path) -> None:
+    tok.save(str(out / "tokenizer.json"))
+    added = {
+        str(tok.token_to_id(t)): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t in SPECIAL_TOKENS
+    }
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "added_tokens_decoder": added,
+        "additional_special_tokens": SPECIAL_TOKENS[1:],
+        "bos_token": None,
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 2048,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    write_json(out / "tokenizer_config.json", cfg)
+
+
+# --------------------------------------------------------------------------
+# Reference forward (pure torch, fp32) -- calibration and self-checks
+# --------------------------------------------------------------------------
+
+ActHook = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding; x is [heads, seq, head_dim]."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    freqs = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
+    cos = torch.cat([freqs.cos(), freqs.cos()], -1)
+    sin = torch.cat([freqs.sin(), freqs.sin()], -1)
+    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def reference_logits(
+    w: dict[str, torch.Tensor],
+    shape: Shape,
+    ids: list[int],
+    act_hook: ActHook | None = None,
+) -> torch.Tensor:
+    """Logits [seq, vocab] of the bf16 model computed in fp32.
+
+    ``act_hook(module, x)`` sees (and may replace) the input of every
+    quantizable Linear / expert projection -- used to record calibration
+    amaxes and to emulate activation quantization.
+    """
+    f = {k: v.float() for k, v in w.items()}
+    hook: ActHook = act_hook or (lambda _m, x: x)
+
+    def lin(module: str, x: torch.Tensor) -> torch.Tensor:
+        if is_quantized_module(module):
+            x = hook(module, x)
+        return x @ f[f"{module}.weight"].t()
+
+    seq = len(ids)
+    h = f["model.embed_tokens.weight"][torch.tensor(ids)]
+    mask = torch.full((seq, seq), float("-inf")).triu(1)
+    for layer in range(shape.layers):
+        p = f"model.layers.{layer}"
+        x = _rms_norm(h, f[f"{p}.input_layernorm.weight"], shape.rms_eps)
+        q = lin(f"{p}.self_attn.q_proj", x).view(seq, shape.heads, shape.head_dim)
+        k = lin(f"{p}.self_attn.k_proj", x).view(seq, shape.kv_heads, shape.head_dim)
+        v = lin(f"{p}.self_attn.v_proj", x).view(seq, shape.kv_heads, shape.head_dim)
+        q = _rms_norm(q, f[f"{p}.self_attn.q_norm.weight"], shape.rms_eps)
+        k = _rms_norm(k, f[f"{p}.self_attn.k_norm.weight"], shape.rms_eps)
+        q = _rope(q.transpose(0, 1), shape.rope_theta)
+        k = _rope(k.transpose(0, 1), shape.rope_theta)
+        rep = shape.heads // shape.kv_heads
+        k = k.repeat_interleave(rep, 0)
+        v = v.transpose(0, 1).repeat_interleave(rep, 0)
+        att = (q @ k.transpose(1, 2)) / math.sqrt(shape.head_dim) + mask
+        o = (att.softmax(-1) @ v).transpose(0, 1).reshape(seq, -1)
+        h = h + lin(f"{p}.self_attn.o_proj", o)
+
+        x = _rms_norm(h, f[f"{p}.post_attention_layernorm.weight"], shape.rms_eps)
+        probs = lin(f"{p}.mlp.gate", x).softmax(-1)
+        top_p, top_i = probs.topk(shape.top_k, -1)
+        top_p = top_p / top_p.sum(-1, keepdim=True)  # norm_topk_prob
+        moe = torch.zeros_like(x)
+        for e in range(shape.experts):
+            rows, slot = (top_i == e).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            pe = f"{p}.mlp.experts.{e}"
+            xe = x[rows]
+            inner = torch.nn.functional.silu(lin(f"{pe}.gate_proj", xe))
+            inner = inner * lin(f"{pe}.up_proj", xe)
+            moe[rows] += top_p[rows, slot, None] * lin(f"{pe}.down_proj", inner)
+        h = h + moe
+    h = _rms_norm(h, f["model.norm.weight"], shape.rms_eps)
+    return h @ f["lm_head.weight"].t()
+
+
+def reference_greedy(
+    w: dict[str, torch.Tensor],
+    shape: Shape,
+    ids: list[int],
+    n: int,
+    act_hook: ActHook | None = None,
+) -> list[int]:
+    ids = list(ids)
+    out: list[int] = []
+    for _ in range(n):
+        nxt = int(reference_logits(w, shape, ids, act_hook)[-1].argmax())
+        out.append(nxt)
+        ids.append(nxt)
+    return out
+
+
+def calibration_ids(tok) -> list[list[int]]:
+    chunks = [p for p in CORPUS.split("\n\n") if p.strip()]
+    return [tok.encode(c).ids for c in chunks]
+
+
+def calibrate_input_amax(
+    w: dict[str, torch.Tensor], shape: Shape, tok
+) -> dict[str, float]:
+    """Per-module max |input| over the corpus (static activation scales)."""
+    amax: dict[str, float] = {}
+
+    def record(module: str, x: torch.Tensor) -> torch.Tensor:
+        if x.numel():
+            amax[module] = max(amax.get(module, 0.0), float(x.abs().max()))
+        return x
+
+    for ids in calibration_ids(tok):
+        reference_logits(w, shape, ids, record)
+    # Experts no calibration token was routed to get the layer-wide maximum.
+    for module in linear_shapes(shape):
+        if not is_quantized_module(module) or module in amax:
+            continue
+        layer_prefix = module.split(".mlp.experts.")[0]
+        proj = module.rsplit(".", 1)[1]
+        amax[module] = max(
+            v
+            for k, v in amax.items()
+            if k.startswith(layer_prefix + ".mlp.experts.") and k.endswith(proj)
+        )
+    return amax
+
+
+# --------------------------------------------------------------------------
+# FP8 helpers
+# --------------------------------------------------------------------------
+
+
+def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
+    return (amax.float().clamp(min=1e-12) / FP8_MAX).to(torch.float32)
+
+
+def fp8_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def fp8_tensor_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = _amax_to_scale(w.float().abs().max())
+    return fp8_quant(w, scale), scale
+
+
+def fp8_tensor_dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (q.float() * scale.float()).to(torch.bfloat16)
+
+
+def _block_view(x: torch.Tensor, bn: int, bk: int) -> tuple[torch.Tensor, int, int]:
+    """Pad x [N, K] to block multiples and view as [N/bn, bn, K/bk, bk]."""
+    n, k = x.shape
+    nb, kb = -(-n // bn), -(-k // bk)
+    padded = torch.zeros(nb * bn, kb * bk, dtype=x.dtype)
+    padded[:n, :k] = x
+    return padded.view(nb, bn, kb, bk), nb, kb
+
+
+def fp8_block_quant(
+    w: torch.Tensor, block: tuple[int, int] = BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    bn, bk = block
+    n, k = w.shape
+    blocks, nb, kb = _block_view(w.float(), bn, bk)
+    scale_inv = _amax_to_scale(blocks.abs().amax(dim=(1, 3)))  # [nb, kb]
+    q = (blocks / scale_inv[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
+    q = q.view(nb * bn, kb * bk)[:n, :k].contiguous().to(FP8_DTYPE)
+    return q, scale_inv
+
+
+def fp8_block_dequant(
+    q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = BLOCK
+) -> torch.Tensor:
+    bn, bk = block
+    n, k = q.shape
+    blocks, nb, kb = _block_view(q.float(), bn, bk)
+    w = (blocks * scale_inv.float()[:, None, :, None]).view(nb * bn, kb * bk)
+    return w[:n, :k].to(torch.bfloat16)
+
+
+def fp8_dynamic_group_act_quant(x: torch.Tensor, group: int = 128) -> torch.Tensor:
+    """Emulate per-token-group (1 x group) dynamic fp8 activation quant."""
+    rows, k = x.shape
+    g = x.reshape(rows, k // group, group)
+    s = _amax_to_scale(g.abs().amax(-1, keepdim=True))
+    return (fp8_quant(g, s).float() * s).reshape(rows, k)
+
+
+# --------------------------------------------------------------------------
+# Schemes
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class SchemeContext:
+    shape: Shape
+    tokenizer: object
+    seed: int
+
+
+@dataclass
+class SchemeOutput:
+    tensors: dict[str, torch.Tensor]
+    quantization_config: dict[str, object] | None = None
+    twin: dict[str, torch.Tensor] | None = None
+
+
+SchemeWriter = Callable[[dict[str, torch.Tensor], SchemeContext], SchemeOutput]
+
+
+def write_bf16(weights: dict[str, torch.Tensor], ctx: SchemeContext) -> SchemeOutput:
+    return SchemeOutput(tensors=dict(weights))
+
+
+def _quantize_weights(
+    weights: dict[str, torch.Tensor],
+    quant: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    scale_suffix: str,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    tensors: dict[str, torch.Tensor] = {}
+    twin: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and is_quantized_module(module):
+            q, s = quant(w)
+            tensors[name] = q
+            tensors[f"{module}.{scale_suffix}"] = s
+            twin[name] = dequant(q, s)
+        else:
+            tensors[name] = w
+            twin[name] = w
+    return tensors, twin
+
+
+def write_fp8_tensor(
+    weights: dict[str, torch.Tensor], ctx: SchemeContext
+) -> SchemeOutput:
+    tensors, twin = _quantize_weights(
+        weights, fp8_tensor_quant, fp8_tensor_dequant, "weight_scale"
+    )
+    # Static activation scales, calibrated on the twin (what the quantized
+    # model will actually compute, up to activation rounding).
+    amax = calibrate_input_amax(twin, ctx.shape, ctx.tokenizer)
+    for module, a in amax.items():
+        tensors[f"{module}.input_scale"] = _amax_to_scale(torch.tensor(a))
+    return SchemeOutput(
+        tensors=tensors,
+        quantization_config={
+            "quant_method": "fp8",
+            "activation_scheme": "static",
+            "ignored_layers": unquantized_modules(ctx.shape),
+        },
+        twin=twin,
+    )
+
+
+def write_fp8_block(
+    weights: dict[str, torch.Tensor], ctx: SchemeContext
+) -> SchemeOutput:
+    tensors, twin = _quantize_weights(
+        weights, fp8_block_quant, fp8_block_dequant, "weight_scale_inv"
+    )
+    return SchemeOutput(
+        tensors=tensors,
+        quantization_config={
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": list(BLOCK),
+            "modules_to_not_convert": unquantized_modules(ctx.shape),
+        },
+        twin=twin,
+    )
+
+
+SCHEMES: dict[str, SchemeWriter] = {
+    "bf16": write_bf16,
+    "fp8-tensor": write_fp8_tensor,
+    "fp8-block": write_fp8_block,
+}
+
+
+# --------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------
+
+
+def write_json(path: Path, obj: object) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_checkpoint(
+    out: Path,
+    tensors: dict[str, torch.Tensor],
+    config: dict[str, object],
+    tok,
+    eos_id: int,
+    shards: int,
+) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    write_json(out / "config.json", config)
+    write_json(
+        out / "generation_config.json",
+        {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False},
+    )
+    save_tokenizer(tok, out)
+    names = sorted(tensors)
+    tensors = {n: tensors[n].contiguous() for n in names}
+    if shards <= 1:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map: dict[str, str] = {}
+    per = -(-len(names) // shards)
+    for i in range(shards):
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: tensors[n] for n in names[i * per : (i + 1) * per]}
+        save_file(part, str(out / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, fname))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    write_json(
+        out / "model.safetensors.index.json",
+        {"metadata": {"total_size": total}, "weight_map": weight_map},
+    )
+
+
+def generate(
+    out: Path, scheme: str, seed: int, twin_dir: Path | None, shards: int
+) -> list[Path]:
+    shape = Shape()
+    tok = train_tokenizer(shape.vocab_target)
+    vocab = tok.get_vocab_size()
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    weights = init_weights(shape, vocab, seed)
+    result = SCHEMES[scheme](weights, SchemeContext(shape, tok, seed))
+
+    config = hf_config(shape, vocab, eos_id)
+    written = [out]
+    if result.quantization_config is not None:
+        config = {**config, "quantization_config": result.quantization_config}
+    write_checkpoint(out, result.tensors, config, tok, eos_id, shards)
+    if result.twin is not None:
+        twin_out = twin_dir or out.with_name(out.name + "-bf16twin")
+        write_checkpoint(
+            twin_out, result.twin, hf_config(shape, vocab, eos_id), tok, eos_id, shards
+        )
+        written.append(twin_out)
+    return written
+
+
+# --------------------------------------------------------------------------
+# Verification
+# --------------------------------------------------------------------------
+
+
+def load_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                assert name not in tensors, f"duplicate tensor {name}"
+                tensors[name] = fh.get_tensor(name)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        assert set(weight_map) == set(tensors), "index.json does not match shards"
+    return tensors
+
+
+def expected_tensors(
+    config: dict[str, object],
+) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """Name -> (dtype, shape) that vLLM's readers expect for this config."""
+    shape = shape_from_config(config)
+    vocab = config["vocab_size"]
+    assert isinstance(vocab, int)
+    qcfg = config.get("quantization_config")
+    spec = {n: (torch.bfloat16, s) for n, s in weight_spec(shape, vocab).items()}
+    if qcfg is None:
+        return spec
+    assert isinstance(qcfg, dict)
+    assert qcfg["quant_method"] == "fp8", qcfg
+    ignored = qcfg.get("ignored_layers") or qcfg.get("modules_to_not_convert") or []
+    block = qcfg.get("weight_block_size")
+    for module, (n, k) in linear_shapes(shape).items():
+        if module in ignored:
+            continue
+        spec[f"{module}.weight"] = (FP8_DTYPE, (n, k))
+        if block is not None:
+            bn, bk = block
+            spec[f"{module}.weight_scale_inv"] = (
+                torch.float32,
+                (-(-n // bn), -(-k // bk)),
+            )
+        else:
+            spec[f"{module}.weight_scale"] = (torch.float32, ())
+        if qcfg["activation_scheme"] == "static":
+            spec[f"{module}.input_scale"] = (torch.float32, ())
+    return spec
+
+
+def effective_input_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Static input scale per module as vLLM applies it.
+
+    vLLM keeps one activation scale per fused Linear (max over q/k/v, over
+    gate/up) and one per MoE layer for w13 and one for w2 (max over experts).
+    """
+    groups: dict[str, list[str]] = {}
+    for name in tensors:
+        if not name.endswith(".input_scale"):
+            continue
+        module = name.removesuffix(".input_scale")
+        if ".mlp.experts." in module:
+            layer, rest = module.split(".mlp.experts.")
+            kind = "w2" if rest.endswith("down_proj") else "w13"
+            key = f"{layer}.moe.{kind}"
+        elif module.endswith(("q_proj", "k_proj", "v_proj")):
+            key = module.rsplit(".", 1)[0] + ".qkv"
+        else:
+            key = module
+        groups.setdefault(key, []).append(module)
+    out: dict[str, torch.Tensor] = {}
+    for modules in groups.values():
+        s = torch.stack([tensors[f"{m}.input_scale"] for m in modules]).max()
+        out.update(dict.fromkeys(modules, s))
+    return out
+
+
+def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
+    """Self-check a written checkpoint; returns a list of problems (empty = ok)."""
+    from tokenizers import Tokenizer
+
+    problems: list[str] = []
+    config = json.loads((model_dir / "config.json").read_text())
+    tensors = load_tensors(model_dir)
+    spec = expected_tensors(config)
+    for name in sorted(set(spec) | set(tensors)):
+        if name not in tensors:
+            problems.append(f"missing tensor {name}")
+        elif name not in spec:
+            problems.append(f"unexpected tensor {name}")
+        else:
+            dtype, dims = spec[name]
+            t = tensors[name]
+            if t.dtype != dtype or tuple(t.shape) != dims:
+                problems.append(
+                    f"{name}: got {t.dtype} {tuple(t.shape)}, want {dtype} {dims}"
+                )
+            elif not torch.isfinite(t.float()).all():
+                problems.append(f"{name}: non-finite values")
+    for fname in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if not (model_dir / fname).exists():
+            problems.append(f"missing {fname}")
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    if tok.get_vocab_size() != config["vocab_size"]:
+        problems.append(
+            f"tokenizer vocab {tok.get_vocab_size()} != config {config['vocab_size']}"
+        )
+    if problems:
+        return problems
+    print(f"  {len(tensors)} tensors: names, dtypes, shapes ok")
+
+    shape = shape_from_config(config)
+    qcfg = config.get("quantization_config")
+    prompts = CALIBRATION_PROMPTS[:6]
+    if qcfg is None:
+        bf16 = tensors
+    else:
+        twin_dir = twin_dir or model_dir.with_name(model_dir.name + "-bf16twin")
+        twin = load_tensors(twin_dir)
+        block = qcfg.get("weight_block_size")
+        deq: dict[str, torch.Tensor] = {}
+        for name, t in tensors.items():
+            if t.dtype != FP8_DTYPE:
+                if name.endswith(".weight"):
+                    deq[name] = t
+                continue
+            module = name.removesuffix(".weight")
+            if block is not None:
+                deq[name] = fp8_block_dequant(
+                    t, tensors[f"{module}.weight_scale_inv"], tuple(block)
+                )
+            else:
+                deq[name] = fp8_tensor_dequant(t, tensors[f"{module}.weight_scale"])
+        if set(deq) != set(twin):
+            problems.append(f"twin {twin_dir} has different tensor names")
+            return problems
+        bad = [n for n in deq if not torch.equal(deq[n], twin[n])]
+        if bad:
+            problems.append(f"twin differs from dequantized weights: {bad[:5]}")
+            return problems
+        print(f"  twin {twin_dir} == dequantized weights (bit-exact)")
+        bf16 = twin
+
+        # Emulate the activation quantization too, and see how often greedy
+        # decoding of the quantized model agrees with the twin.
+        if qcfg["activation_scheme"] == "static":
+            scales = effective_input_scales(tensors)
+
+            def act(module: str, x: torch.Tensor) -> torch.Tensor:
+                s = scales[module]
+                return fp8_quant(x, s).float() * s
+
+        else:
+
+            def act(module: str, x: torch.Tensor) -> torch.Tensor:
+                return fp8_dynamic_group_act_quant(x, int(block[1]))
+
+        agree = 0
+        for prompt in prompts:
+            ids = tok.encode(prompt).ids
+            a = reference_greedy(bf16, shape, ids, 16)
+            b = reference_greedy(bf16, shape, ids, 16, act)
+            agree += a == b
+        print(
+            f"  emulated fp8 activations: greedy 16 tokens identical to twin "
+            f"for {agree}/{len(prompts)} prompts"
+        )
+
+    outs = {}
+    for prompt in prompts:
+        ids = tok.encode(prompt).ids
+        outs[prompt] = tok.decode(reference_greedy(bf16, shape, ids, 16))
+    for prompt, text in list(outs.items())[:3]:
+        print(f"  reference greedy: {prompt!r} -> {text!r}")
+    if len(set(outs.values())) < len(prompts) // 2:
+        problems.append(f"degenerate outputs: {outs}")
+    return problems
+
+
+def hf_crosscheck(model_dir: Path) -> list[str]:
+    """Load a bf16 dir with transformers and compare logits to the reference."""
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        print("  transformers not installed; skipping HF cross-check")
+        return []
+    config = json.loads((model_dir / "config.json").read_text())
+    shape = shape_from_config(config)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, local_files_only=True
+    )
+    hf_tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    prompt = CALIBRATION_PROMPTS[0]
+    ids = hf_tok(prompt)["input_ids"]
+    with torch.no_grad():
+        hf = model(torch.tensor([ids])).logits[0]
+    ref = reference_logits(load_tensors(model_dir), shape, ids)
+    err = float((hf - ref).abs().max())
+    print(
+        f"  transformers {type(model).__name__}: max |logit diff| vs ref {err:.2e}"
+    )
+    if err > 1e-3:
+        return [f"transformers logits differ from reference by {err}"]
+    if hf_tok.eos_token != EOS_TOKEN:
+        return [f"transformers tokenizer eos {hf_tok.eos_token!r}"]
+    return []
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="checkpoint directory to write")
+    parser.add_argument("--scheme", choices=sorted(SCHEMES), default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--twin",
+        type=Path,
+        help="where quantized schemes write the dequantized bf16 twin "
+        "(default: OUT-bf16twin)",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=1, help="number of safetensors shards"
+    )
+    parser.add_argument(
+        "--verify",
+        type=Path,
+        nargs="?",
+        const=True,
+        help="check a written checkpoint (default: the one just written)",
+    )
+    parser.add_argument(
+        "--hf-check",
+        action="store_true",
+        help="with --verify, also load the bf16 weights with transformers",
+    )
+    args = parser.parse_args(argv)
+    if args.out is None and not isinstance(args.verify, Path):
+        parser.error("--out or --verify DIR is required")
+
+    to_verify: Path | None = args.verify if isinstance(args.verify, Path) else None
+    if args.out is not None:
+        written = generate(args.out, args.scheme, args.seed, args.twin, args.shards)
+        for path in written:
+            print(f"wrote {path}")
+        if args.verify is True:
+            to_verify = args.out
+
+    if to_verify is None:
+        return 0
+    print(f"verifying {to_verify}")
+    problems = verify(to_verify, args.twin)
+    if not problems and args.hf_check:
+        cfg = json.loads((to_verify / "config.json").read_text())
+        bf16_dir = to_verify
+        if "quantization_config" in cfg:
+            bf16_dir = args.twin or to_verify.with_name(to_verify.name + "-bf16twin")
+        problems = hf_crosscheck(bf16_dir)
+    for p in problems:
+        print(f"  PROBLEM: {p}", file=sys.stderr)
+    print("verify: " + ("FAILED" if problems else "ok"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -93,7 +93,7 @@ def apply_series(fork: Fork, tree: Path) -> None:
             tree, "am", "--keep", "--keep-cr", "--quiet", str(path), env=env, check=False
         )
         if result.returncode != 0:
-            git(tree, "am", "--abort", check=False)
+            git(tree, "am", "--abort", env=env, check=False)
             raise ForkError(
                 f"{name} does not apply; the tree stops at the last good patch:\n"
                 + (result.stderr or result.stdout).strip()

@@ -91,6 +91,8 @@ def load_settings() -> configparser.ConfigParser:
 ''',
     "demo/defaults.cfg": DEFAULTS_CFG,
     "docs/usage.md": "# Usage\n\nRun `demo` with a config file.\n",
+    # Binary: a patch to it is a "GIT binary patch", with no lines to check.
+    "docs/logo.bin": bytes(range(256)) * 4,
 }
 
 AUTHOR = "Zoë Developer <zoe@example.com>"
@@ -124,7 +126,9 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make_sdist(dest: Path, files: dict[str, str], top: str = f"{PROJECT}-{VERSION}") -> Path:
+def make_sdist(
+    dest: Path, files: dict[str, str | bytes], top: str = f"{PROJECT}-{VERSION}"
+) -> Path:
     """Pack files as dest (a .tar.gz) under the single folder `top`."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(dest, "w:gz") as tar:
@@ -138,7 +142,7 @@ def make_sdist(dest: Path, files: dict[str, str], top: str = f"{PROJECT}-{VERSIO
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
         for name, text in sorted(files.items()):
-            data = text.encode()
+            data = text if isinstance(text, bytes) else text.encode()
             info = tarfile.TarInfo(f"{top}/{name}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -192,7 +196,7 @@ class SyntheticFork:
 
     # -- the base -----------------------------------------------------------
 
-    def pin(self, files: dict[str, str] | None = None) -> str:
+    def pin(self, files: dict[str, str | bytes] | None = None) -> str:
         """Pack `files` (default BASE_FILES) as the cached sdist; pin it in fork.toml."""
         make_sdist(self.sdist, BASE_FILES if files is None else files)
         digest = sha256(self.sdist)
@@ -224,7 +228,7 @@ ruff = "0.14.0"
         )
         return digest
 
-    def rebase_onto(self, **changed: str) -> None:
+    def rebase_onto(self, **changed: str | bytes) -> None:
         """A new upstream: BASE_FILES with some files replaced, repinned."""
         self.pin({**BASE_FILES, **changed})
 
@@ -243,10 +247,13 @@ ruff = "0.14.0"
 
     # -- making patches -----------------------------------------------------
 
-    def write(self, path: str, text: str) -> None:
+    def write(self, path: str, content: str | bytes) -> None:
         target = self.tree / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
 
     def replace(self, path: str, old: str, new: str) -> None:
         target = self.tree / path
@@ -329,7 +336,11 @@ def series_fork(fork: SyntheticFork) -> SyntheticFork:
         "and why, so this adds a short page next to the usage guide.",
         trailers=(SIGNED_OFF, SUBMITTED),
     )
-    fork.replace("demo/defaults.cfg", "max_retries = 5\n", "max_retries = 5\nretry_backoff = 0.5\n")
+    fork.replace(
+        "demo/defaults.cfg",
+        "max_retries = 5\n",
+        "max_retries = 5\nretry_backoff = 0.5\n",
+    )
     fork.replace("demo/defaults.cfg", "timeout = 30", "timeout = 60")
     fork.commit(PATCH_BACKOFF)
     fork.ok("export")

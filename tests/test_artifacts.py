@@ -57,7 +57,9 @@ def local_index(tmp_path, monkeypatch, artifact) -> None:
     monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "index").as_uri() + "/")
 
 
-def test_missing_artifact_is_fetched_from_the_configured_index(fork, tmp_path, monkeypatch):
+def test_missing_artifact_is_fetched_from_the_configured_index(
+    fork, tmp_path, monkeypatch
+):
     original = fork.sdist.read_bytes()
     local_index(tmp_path, monkeypatch, fork.sdist)
     fork.sdist.unlink()

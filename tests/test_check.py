@@ -126,7 +126,9 @@ def test_duplicate_series_entry(series_fork):
     second = series_fork.series()[1]
     with (series_fork.patches / "series").open("a") as f:
         f.write(second + "\n")
-    assert_reports(series_fork.run("check"), f"patches/series: {second} is listed 2 times")
+    assert_reports(
+        series_fork.run("check"), f"patches/series: {second} is listed 2 times"
+    )
 
 
 # -- exact application ---------------------------------------------------------
@@ -175,7 +177,9 @@ def test_patch_that_needs_an_offset_after_a_header_edit(series_fork):
     text = first.read_text()
     assert "@@ -2,7 +2,7 @@" in text
     first.write_text(text.replace("@@ -2,7 +2,7 @@", "@@ -4,7 +4,7 @@"))
-    assert_reports(fork.run("check"), f"{first.name}: demo/defaults.cfg: hunk @@ -4,7 +4,7 @@")
+    assert_reports(
+        fork.run("check"), f"{first.name}: demo/defaults.cfg: hunk @@ -4,7 +4,7 @@"
+    )
 
 
 def test_patch_that_needs_fuzz(series_fork, tmp_path):
@@ -193,6 +197,17 @@ def test_patch_that_needs_fuzz(series_fork, tmp_path):
         fork.run("check"),
         f"{first.name}: demo/defaults.cfg: hunk @@ -2,7 +2,7 @@ does not match",
     )
+
+
+def test_binary_patch_that_does_not_apply(series_fork):
+    fork = series_fork
+    logo = fork.tree / "docs" / "logo.bin"
+    fork.write("docs/logo.bin", logo.read_bytes()[::-1])
+    fork.commit("[Docs] Use the new logo in the documentation")
+    fork.ok("export")
+    binary = fork.series()[3]
+    fork.rebase_onto(**{"docs/logo.bin": b"another logo\0"})
+    assert_reports(fork.run("check"), f"{binary}: git apply failed:", "docs/logo.bin")
 
 
 def test_every_problem_is_reported_in_one_run(series_fork):

@@ -19,8 +19,13 @@ def test_status_lists_each_patch_with_subject_and_upstream_status(series_fork):
 
     expected = [
         (names[0], PATCH_RETRIES, "1", "+1/-1", "Pending"),
-        (names[1], PATCH_DOCS, "1", "+3/-0",
-         "Submitted https://github.com/vllm-project/vllm/pull/12345"),
+        (
+            names[1],
+            PATCH_DOCS,
+            "1",
+            "+3/-0",
+            "Submitted https://github.com/vllm-project/vllm/pull/12345",
+        ),
         # The subject format-patch folded over two header lines, unfolded.
         (names[2], PATCH_BACKOFF, "1", "+2/-1", "Pending"),
     ]
@@ -37,7 +42,10 @@ def test_status_columns_line_up(series_fork):
     upstream_col = header.index("upstream")
     for row in rows:
         assert row[subject_col - 1] == " " and row[subject_col] == "["
-        assert row[upstream_col - 1] == " " and row[upstream_col:upstream_col + 1].isalpha()
+        assert (
+            row[upstream_col - 1] == " "
+            and row[upstream_col : upstream_col + 1].isalpha()
+        )
 
 
 def test_status_marks_missing_patches_and_absent_status(series_fork):

@@ -12,6 +12,9 @@ from conftest import (
     git,
 )
 
+from forkctl import config, tree
+from forkctl.errors import ForkError
+
 # Upstream changes a line that only the third patch's hunk covers.
 CONFLICTING_BASE = DEFAULTS_CFG.replace("shutdown_grace = 5", "shutdown_grace = 10")
 
@@ -19,7 +22,9 @@ CONFLICTING_BASE = DEFAULTS_CFG.replace("shutdown_grace = 5", "shutdown_grace = 
 def test_conflicting_patch_names_patch_file_and_hunk(series_fork):
     fork = series_fork
     third = fork.series()[2]
-    hunk = next(line for line in fork.patch_text(2).splitlines() if line.startswith("@@ "))
+    hunk = next(
+        line for line in fork.patch_text(2).splitlines() if line.startswith("@@ ")
+    )
     fork.rebase_onto(**{"demo/defaults.cfg": CONFLICTING_BASE})
 
     result = fork.run("sync")
@@ -41,7 +46,11 @@ def test_conflict_is_resolved_in_the_tree_and_exported(series_fork):
     fork.rebase_onto(**{"demo/defaults.cfg": CONFLICTING_BASE})
     assert fork.run("sync").rc != 0
 
-    fork.replace("demo/defaults.cfg", "max_retries = 5\n", "max_retries = 5\nretry_backoff = 0.5\n")
+    fork.replace(
+        "demo/defaults.cfg",
+        "max_retries = 5\n",
+        "max_retries = 5\nretry_backoff = 0.5\n",
+    )
     fork.replace("demo/defaults.cfg", "timeout = 30", "timeout = 60")
     fork.commit(PATCH_BACKOFF)
     fork.ok("export")
@@ -51,6 +60,29 @@ def test_conflict_is_resolved_in_the_tree_and_exported(series_fork):
     fork.ok("sync")
     assert fork.log() == [PATCH_RETRIES, PATCH_DOCS, PATCH_BACKOFF]
     fork.ok("check")
+
+
+LOGO = BASE_FILES["docs/logo.bin"]
+
+
+def test_conflicting_binary_patch_is_reported_by_git_am(series_fork):
+    """Binary hunks get no line check: `git am` itself fails, and is aborted."""
+    fork = series_fork
+    fork.write("docs/logo.bin", LOGO[::-1])
+    fork.commit("[Docs] Use the new logo in the documentation")
+    fork.ok("export")
+    binary = fork.series()[3]
+    assert "GIT binary patch" in fork.patch_text(3)
+    fork.rebase_onto(**{"docs/logo.bin": LOGO[1:]})
+
+    result = fork.run("sync")
+
+    assert result.rc != 0
+    assert f"{binary} does not apply" in result.err
+    assert "docs/logo.bin" in result.err
+    assert fork.log() == [PATCH_RETRIES, PATCH_DOCS, PATCH_BACKOFF]
+    assert not (fork.tree / ".git" / "rebase-apply").exists()
+    assert git(fork.tree, "status", "--porcelain") == ""
 
 
 def test_sync_refuses_to_discard_unexported_commits(series_fork):
@@ -85,6 +117,40 @@ def test_sync_reports_a_series_entry_without_a_file(series_fork):
     assert result.rc != 0
     assert "listed in patches/series but not in patches/" in result.err
     assert fork.log() == [PATCH_RETRIES]
+
+
+def test_sync_drops_the_sdist_egg_info(fork):
+    fork.pin({**BASE_FILES, "demo.egg-info/PKG-INFO": "Version: 1.0\n"})
+    fork.ok("sync")
+    assert not (fork.tree / "demo.egg-info").exists()
+    assert (fork.tree / "PKG-INFO").is_file()
+
+
+def test_ensure_current_resyncs_only_when_patches_change(series_fork):
+    fork = series_fork
+    settings = config.load()
+    marker = fork.tree / "untracked-marker"  # survives only if the tree is kept
+    marker.write_text("x")
+    (fork.tree / ".git" / "info" / "exclude").write_text("untracked-marker\n")
+
+    tree.ensure_current(settings)
+    assert marker.exists()
+
+    names = fork.series()
+    (fork.patches / "series").write_text("\n".join(names[:2]) + "\n")
+    tree.ensure_current(settings)
+    assert not marker.exists()
+    assert fork.log() == [PATCH_RETRIES, PATCH_DOCS]
+
+
+def test_ensure_current_never_discards_local_work(series_fork):
+    fork = series_fork
+    fork.write("docs/more.md", "More.\n")
+    fork.commit("[Docs] Add more documentation about the fork")
+    (fork.patches / "series").write_text(fork.series()[0] + "\n")
+    with pytest.raises(ForkError, match="were not exported"):
+        tree.ensure_current(config.load())
+    assert (fork.tree / "docs" / "more.md").is_file()
 
 
 @pytest.mark.xfail(

@@ -67,6 +67,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
@@ -152,9 +153,73 @@ ten. Twelve months make a year, seven days make a week, and sixty minutes make
 an hour. The sum of two and two is four, and half of ten is five. Engineers use
 numbers to build bridges that stand for a hundred years, and doctors use them
 to measure the health of their patients.
+
+Foxes, wolves and bears live in the northern woods, while lizards, snakes and
+camels are at home in the desert. Whales sing to each other across enormous
+distances, and dolphins hunt together in clever groups. Bees visit thousands of
+flowers every day, carrying pollen from blossom to blossom. An owl can turn its
+head almost all the way around, and a hummingbird can fly backwards.
+
+The football match began in bright sunshine, but by the second half a heavy
+storm had turned the pitch into mud. The goalkeeper made three brilliant saves,
+the striker missed an easy chance, and the crowd sang until the final whistle.
+Tennis, cricket, swimming, cycling and basketball are popular in many countries,
+and marathon runners train for months before a race.
+
+Doctors and nurses work long shifts in the hospital. A patient with a fever
+should drink plenty of fluids and rest. Vaccines teach the immune system to
+recognise dangerous viruses and bacteria. Regular exercise, a balanced diet and
+enough sleep protect the heart, the lungs and the brain. Pharmacists explain
+how often to take each medicine and which side effects to expect.
+
+Astronomers use giant telescopes to study distant galaxies, nebulae and comets.
+Jupiter is the largest planet in the solar system; Mercury is the smallest and
+the closest to the sun. Rockets must reach tremendous speed to escape gravity,
+and astronauts aboard the space station grow vegetables, repair equipment and
+photograph hurricanes swirling over the oceans below.
+
+The architect sketched a cathedral with tall windows, narrow arches and a
+copper roof that would slowly turn green. Bricks, concrete, timber, steel and
+glass each behave differently in heat, frost and earthquakes. Engineers check
+every beam and bolt, plumbers install pipes, electricians connect cables, and
+painters finish the walls in pale yellow and deep blue.
+
+Economists argue about inflation, wages, taxes, interest rates and trade. When
+prices climb quickly, families must budget carefully; when unemployment falls,
+businesses compete harder for workers. Banks lend money to companies that want
+to expand, and investors buy shares hoping their value will grow. A recession
+usually ends, although nobody can predict exactly when.
+
+The sailors raised the anchor at dawn, hoisted the sails and steered toward the
+lighthouse. Gulls circled above the harbour, fishermen mended their nets on the
+quay, and a ferry carrying tourists, bicycles and crates of oranges sounded its
+horn. Navigators once relied on the stars, a compass and a sextant; today
+satellites guide almost every vessel.
+
+In the garden we planted tulips, roses, lavender, tomatoes, beans and
+strawberries. Earthworms keep the soil healthy, and ladybirds eat the aphids
+that damage young leaves. Gardeners prune hedges in winter, sow seeds in spring,
+water thirsty plants in summer and rake fallen leaves in autumn. Compost turns
+kitchen scraps into rich dark earth.
+
+Chess players think several moves ahead. The knight jumps in an unusual shape,
+the bishop slides diagonally, the rook travels in straight lines and the queen
+combines both powers. A careless pawn move can weaken the king for the rest of
+the game. Grandmasters study famous openings, endgames and puzzles for hours.
+
+Mountaineers carry ropes, helmets, crampons and warm jackets. Above a certain
+altitude the air becomes thin, and climbers breathe slowly to avoid dizziness.
+Glaciers carve valleys, avalanches thunder down steep slopes, and alpine meadows
+bloom with tiny purple flowers for a few short weeks each year.
+
+The library was quiet except for the rustle of pages and the soft ticking of a
+clock. Students borrowed dictionaries, encyclopedias, novels, poetry, atlases and
+biographies. The librarian recommended a mystery about a detective who solved
+crimes by noticing small details that everyone else ignored, like a missing
+button, a muddy shoe or an unusual smell of perfume.
 """
 
-CALIBRATION_PROMPTS = [
+PROMPTS = [
     "The capital of France is",
     "Once upon a time",
     "To make a simple bread,",
@@ -163,6 +228,10 @@ CALIBRATION_PROMPTS = [
     "Numbers are everywhere:",
     "The train leaves the station at",
     "Music is made of",
+    "The market opens at",
+    "Water boils at",
+    "Paris is known for",
+    "Good programs are",
 ]
 
 
@@ -274,7 +343,7 @@ def unquantized_modules(shape: Shape) -> list[str]:
 
 
 def is_quantized_module(module: str) -> bool:
-    return module.endswith(("_proj",))
+    return module.endswith("_proj")
 
 
 def weight_spec(shape: Shape, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -299,11 +368,15 @@ def init_weights(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]
     """Random bf16 weights, deterministic for a seed.
 
     Linear weights use std 1/sqrt(fan_in) (unit-variance activations through
-    the stack); embeddings std 1 so the residual stream carries the token
-    identity; lm_head std 0.25 so logits have std ~4 and greedy decoding has
-    clear margins (robust against fp8 noise) yet still depends on the prompt.
-    Norm weights are random around 1 so that a norm that is skipped or
-    applied to the wrong tensor changes the output.
+    the stack).  Embeddings use std 2, so the token identity carries a good
+    share of the residual stream: measured with the reference forward, this
+    keeps greedy decoding of the fp8 variants (weights *and* fp8 activation
+    rounding) equal to the bf16 twin for most prompts, while real bugs
+    (swapped experts, a dropped q_norm) still change the text for most
+    prompts; with std 1 fp8 activation noise alone flipped most 16-token
+    continuations.  lm_head std 0.25 gives logits with std ~4 (argmax does not
+    depend on it, logprobs do).  Norm weights are random around 1 so that a
+    norm that is skipped or applied to the wrong tensor changes the output.
     """
     gen = torch.Generator().manual_seed(seed)
     weights: dict[str, torch.Tensor] = {}
@@ -311,7 +384,7 @@ def init_weights(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]
         if name.endswith("norm.weight"):
             t = 1.0 + 0.1 * torch.randn(dims, generator=gen)
         elif name == "model.embed_tokens.weight":
-            t = torch.randn(dims, generator=gen)
+            t = 2.0 * torch.randn(dims, generator=gen)
         elif name == "lm_head.weight":
             t = 0.25 * torch.randn(dims, generator=gen)
         else:
@@ -325,8 +398,9 @@ def init_weights(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]
 # --------------------------------------------------------------------------
 
 
-def train_tokenizer(vocab_target: int):  # -> tokenizers.Tokenizer
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+def train_tokenizer(vocab_target: int) -> Tokenizer:
+    """Byte-level BPE trained on CORPUS (deterministic)."""
+    from tokenizers import decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
     tok = Tokenizer(models.BPE())
@@ -344,7 +418,7 @@ def train_tokenizer(vocab_target: int):  # -> tokenizers.Tokenizer
     return tok
 
 
-def save_tokenizer(tok, out: Path) -> None:
+def save_tokenizer(tok: Tokenizer, out: Path) -> None:
     tok.save(str(out / "tokenizer.json"))
     added = {
         str(tok.token_to_id(t)): {
@@ -469,13 +543,13 @@ def reference_greedy(
     return out
 
 
-def calibration_ids(tok) -> list[list[int]]:
+def calibration_ids(tok: Tokenizer) -> list[list[int]]:
     chunks = [p for p in CORPUS.split("\n\n") if p.strip()]
     return [tok.encode(c).ids for c in chunks]
 
 
 def calibrate_input_amax(
-    w: dict[str, torch.Tensor], shape: Shape, tok
+    w: dict[str, torch.Tensor], shape: Shape, tok: Tokenizer
 ) -> dict[str, float]:
     """Per-module max |input| over the corpus (static activation scales)."""
     amax: dict[str, float] = {}
@@ -512,11 +586,6 @@ def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
 
 def fp8_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-
-
-def fp8_tensor_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = _amax_to_scale(w.float().abs().max())
-    return fp8_quant(w, scale), scale
 
 
 def fp8_tensor_dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -570,8 +639,13 @@ def fp8_dynamic_group_act_quant(x: torch.Tensor, group: int = 128) -> torch.Tens
 @dataclass
 class SchemeContext:
     shape: Shape
-    tokenizer: object
+    tokenizer: Tokenizer
     seed: int
+    # Per-tensor schemes: give the shards vLLM fuses (q/k/v, gate/up) one
+    # common scale, so vLLM's "requantize with the max scale" step is lossless
+    # and the twin is exactly what vLLM computes with.  False writes one
+    # scale per shard (what AutoFP8 does), exercising the requantize path.
+    shared_fused_scales: bool = True
 
 
 @dataclass
@@ -588,18 +662,29 @@ def write_bf16(weights: dict[str, torch.Tensor], ctx: SchemeContext) -> SchemeOu
     return SchemeOutput(tensors=dict(weights))
 
 
+def fused_group(module: str) -> str:
+    """The vLLM fused Linear a checkpoint module is loaded into."""
+    parent, proj = module.rsplit(".", 1)
+    if proj in ("q_proj", "k_proj", "v_proj"):
+        return f"{parent}.qkv_proj"
+    if proj in ("gate_proj", "up_proj"):
+        return f"{parent}.gate_up_proj"
+    return module
+
+
 def _quantize_weights(
     weights: dict[str, torch.Tensor],
-    quant: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    quant: Callable[[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
     dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     scale_suffix: str,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Quantize every quantizable ``*.weight``; returns (tensors, twin)."""
     tensors: dict[str, torch.Tensor] = {}
     twin: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
         module = name.removesuffix(".weight")
         if name.endswith(".weight") and is_quantized_module(module):
-            q, s = quant(w)
+            q, s = quant(module, w)
             tensors[name] = q
             tensors[f"{module}.{scale_suffix}"] = s
             twin[name] = dequant(q, s)
@@ -612,8 +697,21 @@ def _quantize_weights(
 def write_fp8_tensor(
     weights: dict[str, torch.Tensor], ctx: SchemeContext
 ) -> SchemeOutput:
+    group_amax: dict[str, torch.Tensor] = {}
+    for name, w in weights.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and is_quantized_module(module):
+            key = fused_group(module) if ctx.shared_fused_scales else module
+            amax = w.float().abs().max()
+            group_amax[key] = torch.maximum(group_amax.get(key, amax), amax)
+
+    def quant(module: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = fused_group(module) if ctx.shared_fused_scales else module
+        scale = _amax_to_scale(group_amax[key])
+        return fp8_quant(w, scale), scale
+
     tensors, twin = _quantize_weights(
-        weights, fp8_tensor_quant, fp8_tensor_dequant, "weight_scale"
+        weights, quant, fp8_tensor_dequant, "weight_scale"
     )
     # Static activation scales, calibrated on the twin (what the quantized
     # model will actually compute, up to activation rounding).
@@ -635,7 +733,7 @@ def write_fp8_block(
     weights: dict[str, torch.Tensor], ctx: SchemeContext
 ) -> SchemeOutput:
     tensors, twin = _quantize_weights(
-        weights, fp8_block_quant, fp8_block_dequant, "weight_scale_inv"
+        weights, lambda _m, w: fp8_block_quant(w), fp8_block_dequant, "weight_scale_inv"
     )
     return SchemeOutput(
         tensors=tensors,
@@ -670,7 +768,7 @@ def write_checkpoint(
     out: Path,
     tensors: dict[str, torch.Tensor],
     config: dict[str, object],
-    tok,
+    tok: Tokenizer,
     eos_id: int,
     shards: int,
 ) -> None:
@@ -703,14 +801,20 @@ def write_checkpoint(
 
 
 def generate(
-    out: Path, scheme: str, seed: int, twin_dir: Path | None, shards: int
+    out: Path,
+    scheme: str,
+    seed: int,
+    twin_dir: Path | None,
+    shards: int,
+    shared_fused_scales: bool = True,
 ) -> list[Path]:
     shape = Shape()
     tok = train_tokenizer(shape.vocab_target)
     vocab = tok.get_vocab_size()
     eos_id = tok.token_to_id(EOS_TOKEN)
     weights = init_weights(shape, vocab, seed)
-    result = SCHEMES[scheme](weights, SchemeContext(shape, tok, seed))
+    ctx = SchemeContext(shape, tok, seed, shared_fused_scales)
+    result = SCHEMES[scheme](weights, ctx)
 
     config = hf_config(shape, vocab, eos_id)
     written = [out]
@@ -804,10 +908,38 @@ def effective_input_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
+def compare_greedy(
+    base: dict[str, torch.Tensor],
+    other: dict[str, torch.Tensor],
+    shape: Shape,
+    tok: Tokenizer,
+    prompts: list[str],
+    n: int = 16,
+    other_hook: ActHook | None = None,
+) -> str:
+    """How often greedy decoding of ``other`` matches ``base``.
+
+    Reports free-running agreement (all n tokens identical) and
+    teacher-forced top-1 agreement along base's greedy path (per-step flip
+    rate, which is what a robust comparison should be built on).
+    """
+    identical = tf_match = tf_total = 0
+    for prompt in prompts:
+        ids = tok.encode(prompt).ids
+        path = reference_greedy(base, shape, ids, n)
+        identical += path == reference_greedy(other, shape, ids, n, other_hook)
+        logits = reference_logits(other, shape, ids + path[:-1], other_hook)
+        top1 = logits[len(ids) - 1 :].argmax(-1).tolist()
+        tf_match += sum(x == y for x, y in zip(top1, path, strict=True))
+        tf_total += n
+    return (
+        f"{n}-token greedy identical for {identical}/{len(prompts)} prompts; "
+        f"teacher-forced top-1 {tf_match}/{tf_total}"
+    )
+
+
 def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
     """Self-check a written checkpoint; returns a list of problems (empty = ok)."""
-    from tokenizers import Tokenizer
-
     problems: list[str] = []
     config = json.loads((model_dir / "config.json").read_text())
     tensors = load_tensors(model_dir)
@@ -840,7 +972,7 @@ def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
 
     shape = shape_from_config(config)
     qcfg = config.get("quantization_config")
-    prompts = CALIBRATION_PROMPTS[:6]
+    prompts = PROMPTS
     if qcfg is None:
         bf16 = tensors
     else:
@@ -884,16 +1016,19 @@ def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
             def act(module: str, x: torch.Tensor) -> torch.Tensor:
                 return fp8_dynamic_group_act_quant(x, int(block[1]))
 
-        agree = 0
-        for prompt in prompts:
-            ids = tok.encode(prompt).ids
-            a = reference_greedy(bf16, shape, ids, 16)
-            b = reference_greedy(bf16, shape, ids, 16, act)
-            agree += a == b
-        print(
-            f"  emulated fp8 activations: greedy 16 tokens identical to twin "
-            f"for {agree}/{len(prompts)} prompts"
-        )
+        stats = compare_greedy(bf16, bf16, shape, tok, prompts, other_hook=act)
+        print(f"  emulated fp8 (weights + activations) vs twin: {stats}")
+
+    # Control: a real bug (experts 0 and 1 swapped in every layer) must be
+    # much more visible than the fp8 noise above.
+    swapped = dict(bf16)
+    for layer in range(shape.layers):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            a = f"model.layers.{layer}.mlp.experts.0.{proj}.weight"
+            b = f"model.layers.{layer}.mlp.experts.1.{proj}.weight"
+            swapped[a], swapped[b] = bf16[b], bf16[a]
+    stats = compare_greedy(bf16, swapped, shape, tok, prompts)
+    print(f"  control, experts 0<->1 swapped vs bf16: {stats}")
 
     outs = {}
     for prompt in prompts:
@@ -919,15 +1054,13 @@ def hf_crosscheck(model_dir: Path) -> list[str]:
         str(model_dir), dtype=torch.float32, local_files_only=True
     )
     hf_tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    prompt = CALIBRATION_PROMPTS[0]
+    prompt = PROMPTS[0]
     ids = hf_tok(prompt)["input_ids"]
     with torch.no_grad():
         hf = model(torch.tensor([ids])).logits[0]
     ref = reference_logits(load_tensors(model_dir), shape, ids)
     err = float((hf - ref).abs().max())
-    print(
-        f"  transformers {type(model).__name__}: max |logit diff| vs ref {err:.2e}"
-    )
+    print(f"  transformers {type(model).__name__}: max |logit diff| vs ref {err:.2e}")
     if err > 1e-3:
         return [f"transformers logits differ from reference by {err}"]
     if hf_tok.eos_token != EOS_TOKEN:
@@ -955,6 +1088,12 @@ def main(argv: list[str] | None = None) -> int:
         "--shards", type=int, default=1, help="number of safetensors shards"
     )
     parser.add_argument(
+        "--separate-fused-scales",
+        action="store_true",
+        help="fp8-tensor: one weight_scale per q/k/v and gate/up shard, as "
+        "AutoFP8 writes (vLLM then requantizes; the twin is no longer exact)",
+    )
+    parser.add_argument(
         "--verify",
         type=Path,
         nargs="?",
@@ -972,7 +1111,14 @@ def main(argv: list[str] | None = None) -> int:
 
     to_verify: Path | None = args.verify if isinstance(args.verify, Path) else None
     if args.out is not None:
-        written = generate(args.out, args.scheme, args.seed, args.twin, args.shards)
+        written = generate(
+            args.out,
+            args.scheme,
+            args.seed,
+            args.twin,
+            args.shards,
+            not args.separate_fused_scales,
+        )
         for path in written:
             print(f"wrote {path}")
         if args.verify is True:

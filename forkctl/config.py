@@ -27,6 +27,7 @@ class Fork:
     tools: dict[str, str]
     ci_lock_pins: tuple[str, ...] = ()
     test_requirements: tuple[str, ...] = ()
+    build_outputs: tuple[str, ...] = ()
 
     @property
     def patches_dir(self) -> Path:
@@ -79,4 +80,5 @@ def load(root: Path | None = None) -> Fork:
         tools=dict(data.get("tools", {})),
         ci_lock_pins=tuple(data.get("constraints", {}).get("from_ci_lock", ())),
         test_requirements=tuple(data.get("test", {}).get("from_ci_lock", ())),
+        build_outputs=tuple(upstream.get("build_outputs", ())),
     )

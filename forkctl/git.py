@@ -46,9 +46,7 @@ def git(
         capture_output=True,
     )
     if check and proc.returncode != 0:
-        raise ForkError(
-            f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}"
-        )
+        raise ForkError(f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}")
     return proc
 
 

@@ -15,9 +15,7 @@ from pathlib import Path
 
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 SUBJECT = re.compile(r"^(\[[A-Za-z0-9][A-Za-z0-9/._ -]*\])+ \S")
-UPSTREAM_STATUS = re.compile(
-    r"^(Pending|Not-needed|Submitted \S+://\S+|Accepted \S+)$"
-)
+UPSTREAM_STATUS = re.compile(r"^(Pending|Not-needed|Submitted \S+://\S+|Accepted \S+)$")
 TRAILER = re.compile(r"^([A-Za-z0-9-]+): (.*)$")
 
 
@@ -81,7 +79,9 @@ def _split_message(lines: list[str]) -> tuple[dict[str, str], list[str], int]:
         i += 1
     message = []
     i += 1
-    while i < len(lines) and lines[i] != "---" and not lines[i].startswith("diff --git "):
+    while (
+        i < len(lines) and lines[i] != "---" and not lines[i].startswith("diff --git ")
+    ):
         message.append(lines[i])
         i += 1
     return headers, message, i
@@ -117,7 +117,7 @@ def _parse_diff(lines: list[str]) -> list[FileDiff]:
     while i < len(lines):
         line = lines[i]
         if line.startswith("diff --git "):
-            a, b = line[len("diff --git "):].split(" ", 1)
+            a, b = line[len("diff --git ") :].split(" ", 1)
             current = FileDiff(_strip_prefix(a), _strip_prefix(b))
             files.append(current)
         elif current is None:
@@ -221,7 +221,9 @@ def hunk_problems(patch: Patch, root: Path) -> list[str]:
             continue
         if diff.binary:
             continue
-        current = target.read_text(encoding="utf-8", errors="surrogateescape").split("\n")
+        current = target.read_text(encoding="utf-8", errors="surrogateescape").split(
+            "\n"
+        )
         for hunk in diff.hunks:
             start = hunk.old_start - 1 if hunk.old_lines else hunk.old_start
             found = current[start : start + len(hunk.old_lines)]

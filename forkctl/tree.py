@@ -90,7 +90,14 @@ def apply_series(fork: Fork, tree: Path) -> None:
                 + "\n  ".join(problems)
             )
         result = git(
-            tree, "am", "--keep", "--keep-cr", "--quiet", str(path), env=env, check=False
+            tree,
+            "am",
+            "--keep",
+            "--keep-cr",
+            "--quiet",
+            str(path),
+            env=env,
+            check=False,
         )
         if result.returncode != 0:
             git(tree, "am", "--abort", env=env, check=False)
@@ -106,7 +113,9 @@ def sync(fork: Fork, force: bool = False) -> Path:
     if tree.exists():
         reason = _has_local_work(tree)
         if reason and not force:
-            raise ForkError(f"refusing to replace the tree: {reason}\n(--force discards it)")
+            raise ForkError(
+                f"refusing to replace the tree: {reason}\n(--force discards it)"
+            )
     # Verify the base before the old tree is thrown away.
     sdist = artifacts.fetch(fork, fork.sdist)
     if tree.exists():

@@ -5,11 +5,13 @@ MODELS := build/models
 
 .PHONY: serve test build sync export check status
 
-## serve: build the fork for CPU if needed, make a tiny MoE checkpoint, serve it, query it once
+## serve: build the fork for CPU if needed, make the tiny FP8 (128x128 block) MoE
+## checkpoint if missing, serve it with the CPU FP8 MoE backend, query it once
 serve: build
-	@test -f $(MODELS)/tiny-bf16/config.json || \
-	  $(VENV_PY) tools/tiny_checkpoint.py --out $(MODELS)/tiny-bf16 --scheme bf16
-	$(VENV_PY) tools/serve_demo.py --model $(MODELS)/tiny-bf16
+	@test -f $(MODELS)/tiny-fp8-block/config.json || \
+	  $(VENV_PY) tools/tiny_checkpoint.py --out $(MODELS)/tiny-fp8-block --scheme fp8-block
+	$(VENV_PY) tools/serve_demo.py --model $(MODELS)/tiny-fp8-block \
+	  --quantization fp8 --moe-backend cpu
 
 ## test: the tool's own tests, the series check, then the series' tests in the tree
 test: build

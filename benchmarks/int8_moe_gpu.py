@@ -93,6 +93,7 @@ def _install_vllm_stand_ins() -> None:
     vllm.platforms.current_platform = vllm.platforms._current_platform
 
     from vllm import _custom_ops as ops
+
     ops.moe_align_block_size = _moe_align_block_size
     ops.moe_sum = lambda inp, out: torch.sum(inp, dim=1, out=out)
     ops.cutlass_scaled_mm_supports_fp8 = lambda *_: False

@@ -40,7 +40,15 @@ Formats written (checked against vLLM's readers in
   Despite the name, ``weight_scale_inv`` is the dequantization multiplier:
   ``w = fp8 * scale_inv`` blockwise.
 
-Not quantized in either scheme: embeddings, ``lm_head``, all RMSNorms and the
+* ``w8a8-int8``: compressed-tensors W8A8 int8 as llm-compressor writes it,
+  ``{"quant_method": "compressed-tensors", "format": "int-quantized",
+  "config_groups": {"group_0": {"targets": ["Linear"], "weights": int8
+  symmetric "channel", "input_activations": int8 symmetric dynamic
+  "token"}}, "ignore": ["lm_head", "re:.*mlp.gate$"], ...}``, with
+  ``P.weight`` int8 and ``P.weight_scale`` bf16 of shape ``[out, 1]``
+  (``w = int8 * scale`` per output channel); no input scales, no zero points.
+
+Not quantized in any scheme: embeddings, ``lm_head``, all RMSNorms and the
 router ``mlp.gate``.  vLLM builds the router as a ``ReplicatedLinear`` *with*
 the quant config, so it must be listed in the ignore list (full prefix match),
 which is also what the official Qwen3-MoE FP8 checkpoints do.
@@ -748,10 +756,105 @@ def write_fp8_block(
     )
 
 
+# --------------------------------------------------------------------------
+# INT8 W8A8 (compressed-tensors, as llm-compressor writes it)
+# --------------------------------------------------------------------------
+
+INT8_MIN, INT8_MAX = -128, 127
+
+# The ignore list of llm-compressor's Qwen3-MoE W8A8 recipe: the LM head and
+# every router (vLLM builds ``mlp.gate`` as a Linear with the quant config).
+CT_INT8_IGNORE = ["lm_head", "re:.*mlp.gate$"]
+
+
+def int8_channel_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8, as compressed-tensors computes it.
+
+    scale = max|w| / 127.5 over the row (half the int8 range), stored in the
+    model's dtype (bf16) with shape [out, 1]; q = round(w / scale) clamped to
+    [-128, 127] with that stored scale.  No zero point is saved (symmetric).
+    """
+    amax = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-8)
+    scale = (amax / ((INT8_MAX - INT8_MIN) / 2)).to(torch.bfloat16)
+    q = torch.round(w.float() / scale.float()).clamp(INT8_MIN, INT8_MAX)
+    return q.to(torch.int8), scale
+
+
+def int8_channel_dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (q.float() * scale.float()).to(torch.bfloat16)
+
+
+def int8_dynamic_token_act_quant(x: torch.Tensor) -> torch.Tensor:
+    """Emulate dynamic symmetric per-token int8 activation quantization."""
+    s = x.abs().amax(-1, keepdim=True).clamp(min=1e-10) / INT8_MAX
+    return torch.round(x / s).clamp(-INT8_MAX, INT8_MAX) * s
+
+
+def ct_w8a8_int8_config() -> dict[str, object]:
+    """quantization_config of an llm-compressor W8A8 (int8) checkpoint."""
+    common = {
+        "actorder": None,
+        "block_structure": None,
+        "group_size": None,
+        "num_bits": 8,
+        "observer_kwargs": {},
+        "symmetric": True,
+        "type": "int",
+    }
+    return {
+        "config_groups": {
+            "group_0": {
+                "format": "int-quantized",
+                "input_activations": {
+                    **common,
+                    "dynamic": True,
+                    "observer": None,
+                    "strategy": "token",
+                },
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {
+                    **common,
+                    "dynamic": False,
+                    "observer": "minmax",
+                    "strategy": "channel",
+                },
+            }
+        },
+        "format": "int-quantized",
+        "global_compression_ratio": None,
+        "ignore": CT_INT8_IGNORE,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": "0.12.2",
+    }
+
+
+def write_w8a8_int8(
+    weights: dict[str, torch.Tensor], ctx: SchemeContext
+) -> SchemeOutput:
+    """compressed-tensors W8A8 int8: int8 weights with per-channel
+    ``weight_scale`` [out, 1], activations quantized dynamically per token
+    at run time (no input scales on disk)."""
+    tensors, twin = _quantize_weights(
+        weights,
+        lambda _m, w: int8_channel_quant(w),
+        int8_channel_dequant,
+        "weight_scale",
+    )
+    return SchemeOutput(
+        tensors=tensors, quantization_config=ct_w8a8_int8_config(), twin=twin
+    )
+
+
 SCHEMES: dict[str, SchemeWriter] = {
     "bf16": write_bf16,
     "fp8-tensor": write_fp8_tensor,
     "fp8-block": write_fp8_block,
+    "w8a8-int8": write_w8a8_int8,
 }
 
 
@@ -861,6 +964,12 @@ def expected_tensors(
     if qcfg is None:
         return spec
     assert isinstance(qcfg, dict)
+    if qcfg["quant_method"] == "compressed-tensors":
+        for module, (n, k) in linear_shapes(shape).items():
+            if is_quantized_module(module):
+                spec[f"{module}.weight"] = (torch.int8, (n, k))
+                spec[f"{module}.weight_scale"] = (torch.bfloat16, (n, 1))
+        return spec
     assert qcfg["quant_method"] == "fp8", qcfg
     ignored = qcfg.get("ignored_layers") or qcfg.get("modules_to_not_convert") or []
     block = qcfg.get("weight_block_size")
@@ -981,6 +1090,10 @@ def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
         block = qcfg.get("weight_block_size")
         deq: dict[str, torch.Tensor] = {}
         for name, t in tensors.items():
+            if t.dtype == torch.int8:
+                module = name.removesuffix(".weight")
+                deq[name] = int8_channel_dequant(t, tensors[f"{module}.weight_scale"])
+                continue
             if t.dtype != FP8_DTYPE:
                 if name.endswith(".weight"):
                     deq[name] = t
@@ -1004,7 +1117,12 @@ def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
 
         # Emulate the activation quantization too, and see how often greedy
         # decoding of the quantized model agrees with the twin.
-        if qcfg["activation_scheme"] == "static":
+        if qcfg["quant_method"] == "compressed-tensors":
+
+            def act(module: str, x: torch.Tensor) -> torch.Tensor:
+                return int8_dynamic_token_act_quant(x)
+
+        elif qcfg["activation_scheme"] == "static":
             scales = effective_input_scales(tensors)
 
             def act(module: str, x: torch.Tensor) -> torch.Tensor:
@@ -1017,7 +1135,8 @@ def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
                 return fp8_dynamic_group_act_quant(x, int(block[1]))
 
         stats = compare_greedy(bf16, bf16, shape, tok, prompts, other_hook=act)
-        print(f"  emulated fp8 (weights + activations) vs twin: {stats}")
+        kind = "int8" if qcfg["quant_method"] == "compressed-tensors" else "fp8"
+        print(f"  emulated {kind} (weights + activations) vs twin: {stats}")
 
     # Control: a real bug (experts 0 and 1 swapped in every layer) must be
     # much more visible than the fp8 noise above.

@@ -1,0 +1,323 @@
+"""Serve the tiny Qwen3-MoE on CPU in bf16 and FP8; time start-up and decoding.
+
+For each model (bf16, FP8 128x128 block, FP8 per-tensor; the checkpoints of
+tools/tiny_checkpoint.py, written to build/models/ if missing) this starts
+``vllm serve`` through tools/serve_demo.running_server (127.0.0.1, always
+stopped) and measures:
+
+* ready_s: from starting the process to /health answering 200;
+* batch-1 output tokens/s: requests one after another (fixed prompts,
+  greedy, max_tokens each, ignore_eos so every request decodes exactly
+  max_tokens), total completion tokens / total wall time;
+* concurrent output tokens/s: N requests in flight at once (threads released
+  together), total completion tokens / wall time of the burst.
+
+A warm-up request and a short warm-up burst run first (the first requests
+of a server pay one-off costs).  Each throughput figure is the median of --repeats runs.  Not a test:
+it asserts nothing about speed.  Timings on a small shared machine are noisy;
+the load average before and after is printed with the machine facts.
+
+Usage::
+
+    .venv/bin/python benchmarks/cpu_serve_bench.py
+    .venv/bin/python benchmarks/cpu_serve_bench.py --models bf16 fp8-block \\
+        --max-tokens 64 --concurrency 16 --repeats 3 --json build/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+import serve_demo  # noqa: E402
+
+MODELS_DIR = REPO / "build" / "models"
+
+# name -> (tiny_checkpoint scheme, extra `vllm serve` flags)
+MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "bf16": ("bf16", ("--moe-backend", "cpu")),
+    "fp8-block": ("fp8-block", ("--moe-backend", "cpu")),
+    "fp8-tensor": ("fp8-tensor", ("--moe-backend", "cpu")),
+}
+
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time",
+    "To make a simple bread,",
+    "A computer program is",
+    "The weather today is",
+    "Numbers are everywhere:",
+    "The train leaves the station at",
+    "Music is made of",
+    "The market opens at",
+    "Water boils at",
+    "Paris is known for",
+    "Good programs are",
+    "The football match began",
+    "Chess players think",
+    "In the garden we planted",
+    "The sailors raised the anchor",
+)
+
+CPU_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+)
+
+
+def machine_facts() -> dict[str, object]:
+    model, flags = "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model == "?":
+                model = value.strip()
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    try:
+        nproc = int(subprocess.run(["nproc"], capture_output=True, text=True).stdout)
+    except (OSError, ValueError):
+        nproc = len(os.sched_getaffinity(0))
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "?"
+    try:
+        from importlib.metadata import version
+
+        vllm_version = version("vllm")
+    except Exception:  # noqa: BLE001
+        vllm_version = "?"
+    return {
+        "nproc": nproc,
+        "cpu_model": model,
+        "cpu_flags": {f: f in flags for f in CPU_FLAGS},
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "vllm": vllm_version,
+        "loadavg": os.getloadavg(),
+    }
+
+
+def ensure_checkpoint(scheme: str) -> Path:
+    out = MODELS_DIR / f"tiny-{scheme}"
+    if not (out / "config.json").exists():
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "tools" / "tiny_checkpoint.py"),
+                "--out",
+                str(out),
+                "--scheme",
+                scheme,
+            ],
+            check=True,
+        )
+    return out
+
+
+def _client(base_url: str):
+    import httpx
+    from openai import OpenAI
+
+    return OpenAI(
+        base_url=base_url,
+        api_key="EMPTY",
+        timeout=300.0,
+        max_retries=0,
+        http_client=httpx.Client(trust_env=False, timeout=300.0),
+    )
+
+
+def _complete(client, model: str, prompt: str, max_tokens: int) -> int:
+    resp = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
+    n = resp.usage.completion_tokens
+    if n != max_tokens:
+        raise RuntimeError(f"got {n} tokens, wanted {max_tokens} (ignore_eos?)")
+    return n
+
+
+def batch1_tps(base_url: str, model: str, n_requests: int, max_tokens: int) -> float:
+    client = _client(base_url)
+    t0 = time.perf_counter()
+    tokens = sum(
+        _complete(client, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+        for i in range(n_requests)
+    )
+    return tokens / (time.perf_counter() - t0)
+
+
+def concurrent_tps(base_url: str, model: str, n: int, max_tokens: int) -> float:
+    clients = [_client(base_url) for _ in range(n)]
+    barrier = threading.Barrier(n + 1, timeout=60)
+    results: list[int | BaseException] = [0] * n
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = _complete(
+                clients[i], model, PROMPTS[i % len(PROMPTS)], max_tokens
+            )
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(timeout=600)
+    wall = time.perf_counter() - t0
+    if any(t.is_alive() for t in threads):
+        raise RuntimeError("concurrent requests did not finish within 600 s")
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise RuntimeError(f"{len(errors)} concurrent requests failed: {errors[0]!r}")
+    return sum(results) / wall  # type: ignore[arg-type]
+
+
+@dataclass
+class Row:
+    model: str
+    ready_s: float
+    batch1_tps: float
+    batch1_runs: list[float]
+    concurrent_tps: float
+    concurrent_runs: list[float]
+
+
+def bench_one(name: str, args: argparse.Namespace) -> Row:
+    scheme, flags = MODELS[name]
+    path = ensure_checkpoint(scheme)
+    defaults = [
+        a
+        for a in serve_demo.DEFAULT_SERVE_ARGS
+        if not (args.compile and a == "--enforce-eager")
+    ]
+    log = REPO / "build" / "bench" / f"serve-{name}.log"
+    t0 = time.perf_counter()
+    with serve_demo.running_server(
+        path, list(flags), log_path=log, default_args=defaults, ready_timeout_s=600
+    ) as base_url:
+        ready = time.perf_counter() - t0
+        model = _client(base_url).models.list().data[0].id
+        # Warm-up: one request, then one short burst (first-call costs).
+        _complete(_client(base_url), model, "Warm-up: the weather today is", 8)
+        concurrent_tps(base_url, model, args.concurrency, 8)
+        b1 = [
+            batch1_tps(base_url, model, args.batch1_requests, args.max_tokens)
+            for _ in range(args.repeats)
+        ]
+        cc = [
+            concurrent_tps(base_url, model, args.concurrency, args.max_tokens)
+            for _ in range(args.repeats)
+        ]
+    return Row(name, ready, statistics.median(b1), b1, statistics.median(cc), cc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--models", nargs="+", choices=list(MODELS), default=list(MODELS)
+    )
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--batch1-requests",
+        type=int,
+        default=4,
+        help="sequential requests per batch-1 run",
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--compile", action="store_true", help="drop --enforce-eager (torch.compile)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    facts = machine_facts()
+    flags = " ".join(
+        f"{f}={'yes' if v else 'no'}" for f, v in facts["cpu_flags"].items()
+    )  # type: ignore[union-attr]
+    print(f"machine: nproc={facts['nproc']}  cpu: {facts['cpu_model']}")
+    print(f"flags:   {flags}")
+    print(f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}")
+    print(f"loadavg before: {' '.join(f'{x:.2f}' for x in facts['loadavg'])}")  # type: ignore[union-attr]
+    print(
+        f"settings: max_tokens={args.max_tokens} ignore_eos greedy, batch-1 = "
+        f"{args.batch1_requests} sequential requests, concurrency={args.concurrency}, "
+        f"median of {args.repeats}, "
+        f"{'compiled' if args.compile else '--enforce-eager'}, "
+        f"serve args {' '.join(serve_demo.DEFAULT_SERVE_ARGS)}",
+        flush=True,
+    )
+    rows = []
+    for name in args.models:
+        row = bench_one(name, args)
+        rows.append(row)
+        print(
+            f"  {name}: ready {row.ready_s:.1f}s, batch-1 runs "
+            f"{[round(x, 1) for x in row.batch1_runs]} tok/s, concurrent runs "
+            f"{[round(x, 1) for x in row.concurrent_runs]} tok/s",
+            flush=True,
+        )
+    after = os.getloadavg()
+    print(f"loadavg after:  {' '.join(f'{x:.2f}' for x in after)}")
+    header = f"| {'model':<10} | {'ready s':>7} | {'batch-1 tok/s':>13} | {f'{args.concurrency} concurrent tok/s':>20} |"
+    print()
+    print(header)
+    print("|" + "|".join("-" * (len(c) + 0) for c in header.split("|")[1:-1]) + "|")
+    for r in rows:
+        print(
+            f"| {r.model:<10} | {r.ready_s:>7.1f} | {r.batch1_tps:>13.1f} | "
+            f"{r.concurrent_tps:>20.1f} |"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": facts,
+                    "loadavg_after": after,
+                    "settings": vars(args) | {"json": str(args.json)},
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

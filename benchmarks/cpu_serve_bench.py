@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 
 import serve_demo  # noqa: E402
+import tiny_checkpoint  # noqa: E402
 
 MODELS_DIR = REPO / "build" / "models"
 
@@ -52,19 +53,9 @@ MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fp8-tensor": ("fp8-tensor", ("--moe-backend", "cpu")),
 }
 
+# The checkpoint tool's prompt set, plus four: one per concurrent request.
 PROMPTS = (
-    "The capital of France is",
-    "Once upon a time",
-    "To make a simple bread,",
-    "A computer program is",
-    "The weather today is",
-    "Numbers are everywhere:",
-    "The train leaves the station at",
-    "Music is made of",
-    "The market opens at",
-    "Water boils at",
-    "Paris is known for",
-    "Good programs are",
+    *tiny_checkpoint.PROMPTS,
     "The football match began",
     "Chess players think",
     "In the garden we planted",

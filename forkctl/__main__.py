@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import build, check, config, export, status, testing, tree
+from . import build, check, config, export, series, status, testing, tree
 from .errors import ForkError
 
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 print(f"{len(problems)} problem(s) in the series")
                 return 1
-            print(f"series ok: {len(tree.series.read(fork.series_file))} patches")
+            print(f"series ok: {len(series.read(fork.series_file))} patches")
         elif args.verb == "build":
             build.build(fork, args.target)
         elif args.verb == "status":

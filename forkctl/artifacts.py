@@ -68,8 +68,7 @@ def _pick(config: dict[str, str], option: str) -> str | None:
     return None
 
 
-def index_urls() -> list[str]:
-    config = _pip_config()
+def index_urls(config: dict[str, str]) -> list[str]:
     primary = _pick(config, "index-url")
     if primary is None:
         proc = subprocess.run(
@@ -91,8 +90,8 @@ def index_urls() -> list[str]:
     return urls
 
 
-def _ssl_context() -> ssl.SSLContext:
-    cafile = os.environ.get("PIP_CERT") or _pick(_pip_config(), "cert")
+def _ssl_context(config: dict[str, str]) -> ssl.SSLContext:
+    cafile = os.environ.get("PIP_CERT") or _pick(config, "cert")
     return ssl.create_default_context(cafile=cafile or None)
 
 
@@ -116,10 +115,10 @@ def _normalize(project: str) -> str:
     return re.sub(r"[-_.]+", "-", project).lower()
 
 
-def find_url(artifact: Artifact) -> str:
-    context = _ssl_context()
+def find_url(artifact: Artifact, config: dict[str, str]) -> str:
+    context = _ssl_context(config)
     tried = []
-    for index in index_urls():
+    for index in index_urls(config):
         page = f"{index.rstrip('/')}/{_normalize(artifact.project)}/"
         try:
             with _open(page, context) as response:
@@ -151,11 +150,15 @@ def fetch(fork: Fork, artifact: Artifact) -> Path:
     if dest.exists():
         verify(dest, artifact.sha256)
         return dest
-    url = find_url(artifact)
+    config = _pip_config()
+    url = find_url(artifact, config)
     part = dest.with_name(dest.name + ".part")
     print(f"fetching {artifact.filename}", file=sys.stderr)
     digest = hashlib.sha256()
-    with _open(url, _ssl_context(), timeout=600) as response, part.open("wb") as f:
+    with (
+        _open(url, _ssl_context(config), timeout=600) as response,
+        part.open("wb") as f,
+    ):
         while chunk := response.read(CHUNK):
             digest.update(chunk)
             f.write(chunk)

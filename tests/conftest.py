@@ -323,6 +323,17 @@ def fork(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SyntheticFork:
     return f
 
 
+def commit_backoff_patch(fork: SyntheticFork) -> None:
+    """The third standard patch; it edits lines the first patch changed."""
+    fork.replace(
+        "demo/defaults.cfg",
+        "max_retries = 5\n",
+        "max_retries = 5\nretry_backoff = 0.5\n",
+    )
+    fork.replace("demo/defaults.cfg", "timeout = 30", "timeout = 60")
+    fork.commit(PATCH_BACKOFF)
+
+
 @pytest.fixture
 def series_fork(fork: SyntheticFork) -> SyntheticFork:
     """The synthetic fork with the standard three-patch series exported and synced."""
@@ -336,13 +347,7 @@ def series_fork(fork: SyntheticFork) -> SyntheticFork:
         "and why, so this adds a short page next to the usage guide.",
         trailers=(SIGNED_OFF, SUBMITTED),
     )
-    fork.replace(
-        "demo/defaults.cfg",
-        "max_retries = 5\n",
-        "max_retries = 5\nretry_backoff = 0.5\n",
-    )
-    fork.replace("demo/defaults.cfg", "timeout = 30", "timeout = 60")
-    fork.commit(PATCH_BACKOFF)
+    commit_backoff_patch(fork)
     fork.ok("export")
     assert len(fork.series()) == 3
     return fork

@@ -6,6 +6,7 @@ import pytest
 from conftest import (
     BASE_FILES,
     DEFAULTS_CFG,
+    commit_backoff_patch,
     PATCH_BACKOFF,
     PATCH_DOCS,
     PATCH_RETRIES,
@@ -46,13 +47,7 @@ def test_conflict_is_resolved_in_the_tree_and_exported(series_fork):
     fork.rebase_onto(**{"demo/defaults.cfg": CONFLICTING_BASE})
     assert fork.run("sync").rc != 0
 
-    fork.replace(
-        "demo/defaults.cfg",
-        "max_retries = 5\n",
-        "max_retries = 5\nretry_backoff = 0.5\n",
-    )
-    fork.replace("demo/defaults.cfg", "timeout = 30", "timeout = 60")
-    fork.commit(PATCH_BACKOFF)
+    commit_backoff_patch(fork)
     fork.ok("export")
     assert fork.series() == names
     assert " shutdown_grace = 10" in fork.patch_text(2)

@@ -177,17 +177,6 @@ def quantized_schemes() -> list[str]:
     return [s for s in tiny_checkpoint.SCHEMES if s != "bf16"]
 
 
-def scheme_serve_args(scheme: str) -> tuple[str, ...]:
-    """`vllm serve` flags a scheme's checkpoint needs.
-
-    Read from ``tiny_checkpoint.SCHEME_SERVE_ARGS`` (scheme -> flags) when the
-    scheme table has it; no scheme needs any today (vLLM reads the
-    quantization from config.json).
-    """
-    table = getattr(tiny_checkpoint, "SCHEME_SERVE_ARGS", None) or {}
-    return tuple(table.get(scheme, ()))
-
-
 # --------------------------------------------------------------------------
 # Servers and requests
 # --------------------------------------------------------------------------

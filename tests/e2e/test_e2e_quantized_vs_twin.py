@@ -1,8 +1,8 @@
 """Quantized MoE served on CPU vs its bf16 twin, greedy, through the OpenAI API.
 
 What runs: every quantized scheme of ``tiny_checkpoint.SCHEMES`` (everything
-but ``bf16``; a scheme added there is picked up here, with the ``vllm serve``
-flags ``tiny_checkpoint.SCHEME_SERVE_ARGS`` lists for it, if any) plus online
+but ``bf16``; a scheme added there is picked up here; vLLM reads the
+quantization from the checkpoint's config.json) plus online
 FP8 (``--quantization fp8`` on the bf16 checkpoint, whose twin is the bf16
 checkpoint itself).  Each is served twice, with ``--moe-backend cpu`` and with
 ``--moe-backend auto``, and compared with its twin on 8 fixed prompts x 16
@@ -69,12 +69,6 @@ import pytest
 
 BACKENDS = ("cpu", "auto")
 
-# Schemes of tiny_checkpoint that the tree cannot serve on CPU yet, name ->
-# reason; their tests are strict xfails (raises=ServerError), so once one
-# serves, its tests XPASS and fail, and its entry must go.  (w8a8-int8 was
-# here until the tree gained its CPU INT8 MoE backend.)
-KNOWN_UNSERVABLE: dict[str, str] = {}
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -85,29 +79,15 @@ class Variant:
 
 
 def variants() -> list[Variant]:
-    out = [
-        Variant(s, s, lib.scheme_serve_args(s), online=False)
-        for s in lib.quantized_schemes()
-    ]
+    out = [Variant(s, s, (), online=False) for s in lib.quantized_schemes()]
     out.append(Variant("online-fp8", "bf16", ("--quantization", "fp8"), online=True))
     return out
 
 
 def _params() -> list:
-    params = []
-    for v in variants():
-        for b in BACKENDS:
-            marks = []
-            if v.name in KNOWN_UNSERVABLE:
-                marks.append(
-                    pytest.mark.xfail(
-                        strict=True,
-                        raises=lib.ServerError,
-                        reason=KNOWN_UNSERVABLE[v.name],
-                    )
-                )
-            params.append(pytest.param((v, b), id=f"{v.name}-{b}", marks=marks))
-    return params
+    return [
+        pytest.param((v, b), id=f"{v.name}-{b}") for v in variants() for b in BACKENDS
+    ]
 
 
 @dataclass

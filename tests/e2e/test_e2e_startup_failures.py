@@ -61,7 +61,10 @@ def test_explicit_triton_backend_is_rejected_at_startup(checkpoints, scheme) -> 
     message = _start_expecting_failure(model, ["--moe-backend", "triton"], log_name)
     log = lib.log_path(log_name).read_text(errors="replace")
     assert "Considered:" in message, message
-    assert "FP8 MoE backend TRITON cannot serve this layer" in message, message
+    assert (
+        "Fp8 MoE backend TRITON (--moe-backend triton) cannot serve this layer"
+        in message
+    ), message
     assert "TRITON (TritonExperts):" in log, "no rejection reason for TritonExperts"
     # Fails at start-up, before any request could be served.
     assert "Application startup complete" not in log

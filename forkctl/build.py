@@ -38,7 +38,9 @@ BUILD_REQUIREMENTS = [
 
 
 def fork_version(fork: Fork, target: str) -> str:
-    # vLLM's platform detection treats a version containing "cpu" as a CPU build.
+    # vLLM's platform detection takes a "cpu" local version segment for a CPU
+    # build (0.19.1 itself: "cpu" anywhere in the version); the hex digest
+    # cannot spell "cpu", so the CUDA version never matches.
     local = "cpu.fork" if target == "cpu" else "fork"
     return f"{fork.version}+{local}.{series_digest(fork)[:10]}"
 

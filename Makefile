@@ -9,7 +9,7 @@ MODELS := build/models
 ## checkpoint if missing, serve it with the CPU FP8 MoE backend, query it once
 serve: build
 	@test -f $(MODELS)/tiny-fp8-block/config.json || \
-	  $(VENV_PY) tools/tiny_checkpoint.py --out $(MODELS)/tiny-fp8-block --scheme fp8-block
+	  $(VENV_PY) tools/tiny_checkpoint --out $(MODELS)/tiny-fp8-block --scheme fp8-block
 	$(VENV_PY) tools/serve_demo.py --model $(MODELS)/tiny-fp8-block \
 	  --quantization fp8 --moe-backend cpu
 

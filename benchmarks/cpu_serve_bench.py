@@ -1,7 +1,7 @@
 """Serve the tiny Qwen3-MoE on CPU in bf16 and FP8; time start-up and decoding.
 
 For each model (bf16, FP8 128x128 block, FP8 per-tensor; the checkpoints of
-tools/tiny_checkpoint.py, written to build/models/ if missing) this starts
+tools/tiny_checkpoint, written to build/models/ if missing) this starts
 ``vllm serve`` through tools/serve_demo.running_server (127.0.0.1, always
 stopped) and measures:
 
@@ -118,7 +118,7 @@ def ensure_checkpoint(scheme: str) -> Path:
         subprocess.run(
             [
                 sys.executable,
-                str(REPO / "tools" / "tiny_checkpoint.py"),
+                str(REPO / "tools" / "tiny_checkpoint"),
                 "--out",
                 str(out),
                 "--scheme",

@@ -4,8 +4,8 @@ Run with the fork's venv (``make test`` does)::
 
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/e2e
 
-``tools/`` is put on sys.path so the tests use ``tiny_checkpoint`` (the
-checkpoints) and ``serve_demo.running_server`` (start / wait / always stop)
+``tools/`` is put on sys.path so the tests use the ``tiny_checkpoint`` package
+(the checkpoints) and ``serve_demo.running_server`` (start / wait / always stop)
 directly; ``e2e_lib`` holds the shared helpers.  Checkpoints are generated
 once into the cache under ``build/e2e/models`` and reused while valid; server
 logs go to ``build/e2e/logs``.

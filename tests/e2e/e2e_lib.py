@@ -1,13 +1,13 @@
 """Helpers shared by the end-to-end tests (imported by conftest and tests).
 
 Everything here builds on the repository's own tools instead of
-re-implementing them: ``tools/tiny_checkpoint.py`` writes the checkpoints and
+re-implementing them: the ``tools/tiny_checkpoint`` package writes the checkpoints and
 ``tools/serve_demo.py``'s ``running_server`` starts ``vllm serve`` on
 127.0.0.1, waits (bounded) for /health and always stops it.
 
 Checkpoints live in a cache under ``build/e2e/models`` and are reused across
 sessions while they are still valid: a ``.stamp.json`` in each records what
-produced it (scheme, seed and the sha256 of tiny_checkpoint.py, or the base
+produced it (scheme, seed and a sha256 over tiny_checkpoint's sources, or the base
 checkpoint's key and the mutation for derived ones) and the size of every
 file; any difference regenerates it.  Writes go to a temporary directory that
 is renamed into place, so an interrupted run never leaves a half-written
@@ -17,7 +17,6 @@ checkpoint behind.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -72,7 +71,7 @@ class Checkpoint:
 
 
 def generator_digest() -> str:
-    return hashlib.sha256(Path(tiny_checkpoint.__file__).read_bytes()).hexdigest()
+    return tiny_checkpoint.source_digest()
 
 
 def _file_sizes(d: Path) -> dict[str, int]:
@@ -98,7 +97,10 @@ def _stamp_key(d: Path) -> object:
 def ensure_scheme(scheme: str, cache: Path = MODEL_CACHE) -> Checkpoint:
     """The cached checkpoint of ``scheme`` (and its twin), generated if needed."""
     if scheme not in tiny_checkpoint.SCHEMES:
-        raise KeyError(f"unknown tiny_checkpoint scheme {scheme!r}")
+        raise KeyError(
+            f"{scheme!r} is not a served tiny_checkpoint scheme "
+            f"(served: {sorted(tiny_checkpoint.SCHEMES)})"
+        )
     model = cache / f"tiny-{scheme}"
     twin = cache / f"tiny-{scheme}-bf16twin"
     key = {"scheme": scheme, "seed": SEED, "generator": generator_digest()}
@@ -173,7 +175,10 @@ def derive_checkpoint(
 
 
 def quantized_schemes() -> list[str]:
-    """Every scheme of tiny_checkpoint.SCHEMES except the bf16 baseline."""
+    """Every served scheme (tiny_checkpoint.SCHEMES) except the bf16 baseline.
+
+    Formats the fork cannot serve yet (``FORMATS[name].served`` False) are
+    not in SCHEMES, so no e2e test tries them."""
     return [s for s in tiny_checkpoint.SCHEMES if s != "bf16"]
 
 

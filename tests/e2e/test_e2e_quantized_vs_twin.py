@@ -1,7 +1,8 @@
 """Quantized MoE served on CPU vs its bf16 twin, greedy, through the OpenAI API.
 
 What runs: every quantized scheme of ``tiny_checkpoint.SCHEMES`` (everything
-but ``bf16``; a scheme added there is picked up here; vLLM reads the
+but ``bf16``; a served scheme added there is picked up here, formats
+registered with ``served=False`` are not; vLLM reads the
 quantization from the checkpoint's config.json) plus online
 FP8 (``--quantization fp8`` on the bf16 checkpoint, whose twin is the bf16
 checkpoint itself).  Each is served twice, with ``--moe-backend cpu`` and with

@@ -1,57 +1,11 @@
-"""Write tiny Qwen3-MoE checkpoints in real on-disk formats, fully offline.
+"""Common code of the tiny checkpoint writers: model, tokenizer, reference.
 
-Why: end-to-end tests of the fork (serving, quantized MoE kernels on CPU) need
-a model that loads through exactly the same code paths as a real Hugging Face
-checkpoint -- config.json, safetensors, tokenizer.json -- but is small enough
-to load and run in seconds, and that can be produced without any network
-access.  Random weights are fine for that, as long as the outputs are not
-degenerate (greedy text must depend on the prompt), and as long as every
-quantized variant comes with a bf16 "twin" whose weights are exactly the
-dequantized quantized weights, so a test can compare a quantized run against a
-plain bf16 run of the same function.
-
-Usage::
-
-    python tools/tiny_checkpoint.py --out build/models/tiny-bf16 --scheme bf16
-    python tools/tiny_checkpoint.py --out build/models/tiny-fp8-tensor \
-        --scheme fp8-tensor          # also writes build/models/tiny-fp8-tensor-bf16twin
-    python tools/tiny_checkpoint.py --verify build/models/tiny-fp8-tensor
-
-Schemes live in ``SCHEMES`` (name -> writer function).  A writer gets the bf16
-master weights and returns the tensors to save, the ``quantization_config`` to
-put in config.json, and the dequantized bf16 twin weights.  To add a scheme
-(compressed-tensors W8A8 int8, GPTQ int4, ModelOpt MXFP8, ...) write one such
-function and register it.
-
-Formats written (checked against vLLM's readers in
-``vllm/model_executor/layers/quantization/fp8.py`` and
-``vllm/model_executor/models/qwen3_moe.py``):
-
-* ``fp8-tensor``: AutoFP8-style serialized FP8, ``{"quant_method": "fp8",
-  "activation_scheme": "static", "ignored_layers": [...]}``.  Every quantized
-  Linear / expert projection ``P`` has ``P.weight`` (float8_e4m3fn),
-  ``P.weight_scale`` and ``P.input_scale`` (float32 scalars, shape ``[]``, as
-  AutoFP8 writes them).  Input scales are calibrated by running the bf16 twin
-  over the embedded corpus.
-* ``fp8-block``: DeepSeek-V3 / Qwen3-FP8 style, ``{"quant_method": "fp8",
-  "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128,
-  128], "modules_to_not_convert": [...]}``, with ``P.weight`` float8_e4m3fn and
-  ``P.weight_scale_inv`` float32 of shape ``[ceil(N/128), ceil(K/128)]``.
-  Despite the name, ``weight_scale_inv`` is the dequantization multiplier:
-  ``w = fp8 * scale_inv`` blockwise.
-
-* ``w8a8-int8``: compressed-tensors W8A8 int8 as llm-compressor writes it,
-  ``{"quant_method": "compressed-tensors", "format": "int-quantized",
-  "config_groups": {"group_0": {"targets": ["Linear"], "weights": int8
-  symmetric "channel", "input_activations": int8 symmetric dynamic
-  "token"}}, "ignore": ["lm_head", "re:.*mlp.gate$"], ...}``, with
-  ``P.weight`` int8 and ``P.weight_scale`` bf16 of shape ``[out, 1]``
-  (``w = int8 * scale`` per output channel); no input scales, no zero points.
-
-Not quantized in any scheme: embeddings, ``lm_head``, all RMSNorms and the
-router ``mlp.gate``.  vLLM builds the router as a ``ReplicatedLinear`` *with*
-the quant config, so it must be listed in the ignore list (full prefix match),
-which is also what the official Qwen3-MoE FP8 checkpoints do.
+Everything here is format-independent: the Qwen3-MoE shape and config.json,
+the deterministic random bf16 master weights, the locally trained tokenizer,
+a pure-torch fp32 reference forward (calibration and self-checks), the types
+a format writer works with, and reading / writing checkpoint directories.
+The format families live in their own modules (``fp8``, ``int8``,
+``wna16``, ``mxfp8``) and are registered in ``schemes``.
 """
 
 from __future__ import annotations
@@ -63,23 +17,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-import argparse
 import json
 import math
+import re
 import shutil
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tokenizers import Tokenizer
-
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
-BLOCK = (128, 128)
 
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
@@ -584,63 +533,7 @@ def calibrate_input_amax(
 
 
 # --------------------------------------------------------------------------
-# FP8 helpers
-# --------------------------------------------------------------------------
-
-
-def _amax_to_scale(amax: torch.Tensor) -> torch.Tensor:
-    return (amax.float().clamp(min=1e-12) / FP8_MAX).to(torch.float32)
-
-
-def fp8_quant(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-
-
-def fp8_tensor_dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return (q.float() * scale.float()).to(torch.bfloat16)
-
-
-def _block_view(x: torch.Tensor, bn: int, bk: int) -> tuple[torch.Tensor, int, int]:
-    """Pad x [N, K] to block multiples and view as [N/bn, bn, K/bk, bk]."""
-    n, k = x.shape
-    nb, kb = -(-n // bn), -(-k // bk)
-    padded = torch.zeros(nb * bn, kb * bk, dtype=x.dtype)
-    padded[:n, :k] = x
-    return padded.view(nb, bn, kb, bk), nb, kb
-
-
-def fp8_block_quant(
-    w: torch.Tensor, block: tuple[int, int] = BLOCK
-) -> tuple[torch.Tensor, torch.Tensor]:
-    bn, bk = block
-    n, k = w.shape
-    blocks, nb, kb = _block_view(w.float(), bn, bk)
-    scale_inv = _amax_to_scale(blocks.abs().amax(dim=(1, 3)))  # [nb, kb]
-    q = (blocks / scale_inv[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
-    q = q.view(nb * bn, kb * bk)[:n, :k].contiguous().to(FP8_DTYPE)
-    return q, scale_inv
-
-
-def fp8_block_dequant(
-    q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = BLOCK
-) -> torch.Tensor:
-    bn, bk = block
-    n, k = q.shape
-    blocks, nb, kb = _block_view(q.float(), bn, bk)
-    w = (blocks * scale_inv.float()[:, None, :, None]).view(nb * bn, kb * bk)
-    return w[:n, :k].to(torch.bfloat16)
-
-
-def fp8_dynamic_group_act_quant(x: torch.Tensor, group: int = 128) -> torch.Tensor:
-    """Emulate per-token-group (1 x group) dynamic fp8 activation quant."""
-    rows, k = x.shape
-    g = x.reshape(rows, k // group, group)
-    s = _amax_to_scale(g.abs().amax(-1, keepdim=True))
-    return (fp8_quant(g, s).float() * s).reshape(rows, k)
-
-
-# --------------------------------------------------------------------------
-# Schemes
+# What a format writer gets and returns
 # --------------------------------------------------------------------------
 
 
@@ -661,9 +554,45 @@ class SchemeOutput:
     tensors: dict[str, torch.Tensor]
     quantization_config: dict[str, object] | None = None
     twin: dict[str, torch.Tensor] | None = None
+    # Extra JSON files of the quantized directory (file name -> contents),
+    # e.g. GPTQModel's quantize_config.json or ModelOpt's hf_quant_config.json.
+    extra_json: dict[str, object] = field(default_factory=dict)
 
 
 SchemeWriter = Callable[[dict[str, torch.Tensor], SchemeContext], SchemeOutput]
+
+TensorSpec = tuple[torch.dtype, tuple[int, ...]]
+
+
+def no_activation_quant(
+    tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+) -> tuple[str, ActHook] | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How ``--verify`` reads one family of on-disk formats.
+
+    ``claims(qcfg)``: whether a config.json ``quantization_config`` is ours.
+    ``module_tensors(module, n, k, qcfg)``: the tensors (suffix -> dtype,
+    dims) that replace ``module.weight`` [n, k] on disk, or None where the
+    module stays bf16.  ``dequantize(module, tensors, qcfg)``: the bf16
+    weight [n, k] of a quantized module.  ``activation(tensors, qcfg)``: a
+    label and a hook emulating activation quantization, or None for
+    weight-only formats.
+    """
+
+    claims: Callable[[dict[str, object]], bool]
+    module_tensors: Callable[
+        [str, int, int, dict[str, object]], dict[str, TensorSpec] | None
+    ]
+    dequantize: Callable[
+        [str, dict[str, torch.Tensor], dict[str, object]], torch.Tensor
+    ]
+    activation: Callable[
+        [dict[str, torch.Tensor], dict[str, object]], tuple[str, ActHook] | None
+    ] = no_activation_quant
 
 
 def write_bf16(weights: dict[str, torch.Tensor], ctx: SchemeContext) -> SchemeOutput:
@@ -680,186 +609,66 @@ def fused_group(module: str) -> str:
     return module
 
 
-def _quantize_weights(
-    weights: dict[str, torch.Tensor],
-    quant: Callable[[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    scale_suffix: str,
+# The ignore list of llm-compressor's Qwen3-MoE recipes (compressed-tensors
+# formats): the LM head and every router (vLLM builds ``mlp.gate`` as a
+# Linear with the quant config).
+CT_IGNORE = ["lm_head", "re:.*mlp.gate$"]
+
+
+def ct_ignored(module: str, ignore: list[str]) -> bool:
+    """Whether compressed-tensors' ``ignore`` list names ``module``
+    (``re:`` entries are regexes matched from the start, others exact)."""
+    return any(
+        re.match(e[3:], module) if e.startswith("re:") else e == module for e in ignore
+    )
+
+
+ModuleQuant = Callable[
+    [str, torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]
+]
+
+
+def quantize_modules(
+    weights: dict[str, torch.Tensor], quant: ModuleQuant
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Quantize every quantizable ``*.weight``; returns (tensors, twin)."""
+    """Quantize every quantizable ``*.weight``; returns (tensors, twin).
+
+    ``quant(module, w)`` returns the tensors that replace ``module.weight``
+    on disk (suffix -> tensor; suffix ``weight`` keeps the name) and the
+    dequantized bf16 weight for the twin.
+    """
     tensors: dict[str, torch.Tensor] = {}
     twin: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
         module = name.removesuffix(".weight")
         if name.endswith(".weight") and is_quantized_module(module):
-            q, s = quant(module, w)
-            tensors[name] = q
-            tensors[f"{module}.{scale_suffix}"] = s
-            twin[name] = dequant(q, s)
+            on_disk, deq = quant(module, w)
+            for suffix, t in on_disk.items():
+                tensors[f"{module}.{suffix}"] = t
+            twin[name] = deq
         else:
             tensors[name] = w
             twin[name] = w
     return tensors, twin
 
 
-def write_fp8_tensor(
-    weights: dict[str, torch.Tensor], ctx: SchemeContext
-) -> SchemeOutput:
-    group_amax: dict[str, torch.Tensor] = {}
-    for name, w in weights.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and is_quantized_module(module):
-            key = fused_group(module) if ctx.shared_fused_scales else module
-            amax = w.float().abs().max()
-            group_amax[key] = torch.maximum(group_amax.get(key, amax), amax)
+def quantize_weights(
+    weights: dict[str, torch.Tensor],
+    quant: Callable[[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    scale_suffix: str,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """quantize_modules for formats with one ``weight`` and one scale."""
 
-    def quant(module: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = fused_group(module) if ctx.shared_fused_scales else module
-        scale = _amax_to_scale(group_amax[key])
-        return fp8_quant(w, scale), scale
+    def one(module: str, w: torch.Tensor):
+        q, s = quant(module, w)
+        return {"weight": q, scale_suffix: s}, dequant(q, s)
 
-    tensors, twin = _quantize_weights(
-        weights, quant, fp8_tensor_dequant, "weight_scale"
-    )
-    # Static activation scales, calibrated on the twin (what the quantized
-    # model will actually compute, up to activation rounding).
-    amax = calibrate_input_amax(twin, ctx.shape, ctx.tokenizer)
-    for module, a in amax.items():
-        tensors[f"{module}.input_scale"] = _amax_to_scale(torch.tensor(a))
-    return SchemeOutput(
-        tensors=tensors,
-        quantization_config={
-            "quant_method": "fp8",
-            "activation_scheme": "static",
-            "ignored_layers": unquantized_modules(ctx.shape),
-        },
-        twin=twin,
-    )
-
-
-def write_fp8_block(
-    weights: dict[str, torch.Tensor], ctx: SchemeContext
-) -> SchemeOutput:
-    tensors, twin = _quantize_weights(
-        weights, lambda _m, w: fp8_block_quant(w), fp8_block_dequant, "weight_scale_inv"
-    )
-    return SchemeOutput(
-        tensors=tensors,
-        quantization_config={
-            "quant_method": "fp8",
-            "fmt": "e4m3",
-            "activation_scheme": "dynamic",
-            "weight_block_size": list(BLOCK),
-            "modules_to_not_convert": unquantized_modules(ctx.shape),
-        },
-        twin=twin,
-    )
+    return quantize_modules(weights, one)
 
 
 # --------------------------------------------------------------------------
-# INT8 W8A8 (compressed-tensors, as llm-compressor writes it)
-# --------------------------------------------------------------------------
-
-INT8_MIN, INT8_MAX = -128, 127
-
-# The ignore list of llm-compressor's Qwen3-MoE W8A8 recipe: the LM head and
-# every router (vLLM builds ``mlp.gate`` as a Linear with the quant config).
-CT_INT8_IGNORE = ["lm_head", "re:.*mlp.gate$"]
-
-
-def int8_channel_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel int8, as compressed-tensors computes it.
-
-    scale = max|w| / 127.5 over the row (half the int8 range), stored in the
-    model's dtype (bf16) with shape [out, 1]; q = round(w / scale) clamped to
-    [-128, 127] with that stored scale.  No zero point is saved (symmetric).
-    """
-    amax = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-8)
-    scale = (amax / ((INT8_MAX - INT8_MIN) / 2)).to(torch.bfloat16)
-    q = torch.round(w.float() / scale.float()).clamp(INT8_MIN, INT8_MAX)
-    return q.to(torch.int8), scale
-
-
-def int8_channel_dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return (q.float() * scale.float()).to(torch.bfloat16)
-
-
-def int8_dynamic_token_act_quant(x: torch.Tensor) -> torch.Tensor:
-    """Emulate dynamic symmetric per-token int8 activation quantization."""
-    s = x.abs().amax(-1, keepdim=True).clamp(min=1e-10) / INT8_MAX
-    return torch.round(x / s).clamp(-INT8_MAX, INT8_MAX) * s
-
-
-def ct_w8a8_int8_config() -> dict[str, object]:
-    """quantization_config of an llm-compressor W8A8 (int8) checkpoint."""
-    common = {
-        "actorder": None,
-        "block_structure": None,
-        "group_size": None,
-        "num_bits": 8,
-        "observer_kwargs": {},
-        "symmetric": True,
-        "type": "int",
-    }
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": "int-quantized",
-                "input_activations": {
-                    **common,
-                    "dynamic": True,
-                    "observer": None,
-                    "strategy": "token",
-                },
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": {
-                    **common,
-                    "dynamic": False,
-                    "observer": "minmax",
-                    "strategy": "channel",
-                },
-            }
-        },
-        "format": "int-quantized",
-        "global_compression_ratio": None,
-        "ignore": CT_INT8_IGNORE,
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": "0.12.2",
-    }
-
-
-def write_w8a8_int8(
-    weights: dict[str, torch.Tensor], ctx: SchemeContext
-) -> SchemeOutput:
-    """compressed-tensors W8A8 int8: int8 weights with per-channel
-    ``weight_scale`` [out, 1], activations quantized dynamically per token
-    at run time (no input scales on disk)."""
-    tensors, twin = _quantize_weights(
-        weights,
-        lambda _m, w: int8_channel_quant(w),
-        int8_channel_dequant,
-        "weight_scale",
-    )
-    return SchemeOutput(
-        tensors=tensors, quantization_config=ct_w8a8_int8_config(), twin=twin
-    )
-
-
-SCHEMES: dict[str, SchemeWriter] = {
-    "bf16": write_bf16,
-    "fp8-tensor": write_fp8_tensor,
-    "fp8-block": write_fp8_block,
-    "w8a8-int8": write_w8a8_int8,
-}
-
-
-# --------------------------------------------------------------------------
-# Writing
+# Reading and writing checkpoint directories
 # --------------------------------------------------------------------------
 
 
@@ -874,6 +683,7 @@ def write_checkpoint(
     tok: Tokenizer,
     eos_id: int,
     shards: int,
+    extra_json: dict[str, object] | None = None,
 ) -> None:
     if out.exists():
         shutil.rmtree(out)
@@ -884,6 +694,8 @@ def write_checkpoint(
         {"bos_token_id": eos_id, "eos_token_id": eos_id, "do_sample": False},
     )
     save_tokenizer(tok, out)
+    for fname, obj in (extra_json or {}).items():
+        write_json(out / fname, obj)
     names = sorted(tensors)
     tensors = {n: tensors[n].contiguous() for n in names}
     if shards <= 1:
@@ -903,41 +715,6 @@ def write_checkpoint(
     )
 
 
-def generate(
-    out: Path,
-    scheme: str,
-    seed: int,
-    twin_dir: Path | None,
-    shards: int,
-    shared_fused_scales: bool = True,
-) -> list[Path]:
-    shape = Shape()
-    tok = train_tokenizer(shape.vocab_target)
-    vocab = tok.get_vocab_size()
-    eos_id = tok.token_to_id(EOS_TOKEN)
-    weights = init_weights(shape, vocab, seed)
-    ctx = SchemeContext(shape, tok, seed, shared_fused_scales)
-    result = SCHEMES[scheme](weights, ctx)
-
-    config = hf_config(shape, vocab, eos_id)
-    written = [out]
-    if result.quantization_config is not None:
-        config = {**config, "quantization_config": result.quantization_config}
-    write_checkpoint(out, result.tensors, config, tok, eos_id, shards)
-    if result.twin is not None:
-        twin_out = twin_dir or out.with_name(out.name + "-bf16twin")
-        write_checkpoint(
-            twin_out, result.twin, hf_config(shape, vocab, eos_id), tok, eos_id, shards
-        )
-        written.append(twin_out)
-    return written
-
-
-# --------------------------------------------------------------------------
-# Verification
-# --------------------------------------------------------------------------
-
-
 def load_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     for f in sorted(model_dir.glob("*.safetensors")):
@@ -950,314 +727,3 @@ def load_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
         weight_map = json.loads(index.read_text())["weight_map"]
         assert set(weight_map) == set(tensors), "index.json does not match shards"
     return tensors
-
-
-def expected_tensors(
-    config: dict[str, object],
-) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """Name -> (dtype, shape) that vLLM's readers expect for this config."""
-    shape = shape_from_config(config)
-    vocab = config["vocab_size"]
-    assert isinstance(vocab, int)
-    qcfg = config.get("quantization_config")
-    spec = {n: (torch.bfloat16, s) for n, s in weight_spec(shape, vocab).items()}
-    if qcfg is None:
-        return spec
-    assert isinstance(qcfg, dict)
-    if qcfg["quant_method"] == "compressed-tensors":
-        for module, (n, k) in linear_shapes(shape).items():
-            if is_quantized_module(module):
-                spec[f"{module}.weight"] = (torch.int8, (n, k))
-                spec[f"{module}.weight_scale"] = (torch.bfloat16, (n, 1))
-        return spec
-    assert qcfg["quant_method"] == "fp8", qcfg
-    ignored = qcfg.get("ignored_layers") or qcfg.get("modules_to_not_convert") or []
-    block = qcfg.get("weight_block_size")
-    for module, (n, k) in linear_shapes(shape).items():
-        if module in ignored:
-            continue
-        spec[f"{module}.weight"] = (FP8_DTYPE, (n, k))
-        if block is not None:
-            bn, bk = block
-            spec[f"{module}.weight_scale_inv"] = (
-                torch.float32,
-                (-(-n // bn), -(-k // bk)),
-            )
-        else:
-            spec[f"{module}.weight_scale"] = (torch.float32, ())
-        if qcfg["activation_scheme"] == "static":
-            spec[f"{module}.input_scale"] = (torch.float32, ())
-    return spec
-
-
-def effective_input_scales(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Static input scale per module as vLLM applies it.
-
-    vLLM keeps one activation scale per fused Linear (max over q/k/v, over
-    gate/up) and one per MoE layer for w13 and one for w2 (max over experts).
-    """
-    groups: dict[str, list[str]] = {}
-    for name in tensors:
-        if not name.endswith(".input_scale"):
-            continue
-        module = name.removesuffix(".input_scale")
-        if ".mlp.experts." in module:
-            layer, rest = module.split(".mlp.experts.")
-            kind = "w2" if rest.endswith("down_proj") else "w13"
-            key = f"{layer}.moe.{kind}"
-        elif module.endswith(("q_proj", "k_proj", "v_proj")):
-            key = module.rsplit(".", 1)[0] + ".qkv"
-        else:
-            key = module
-        groups.setdefault(key, []).append(module)
-    out: dict[str, torch.Tensor] = {}
-    for modules in groups.values():
-        s = torch.stack([tensors[f"{m}.input_scale"] for m in modules]).max()
-        out.update(dict.fromkeys(modules, s))
-    return out
-
-
-def compare_greedy(
-    base: dict[str, torch.Tensor],
-    other: dict[str, torch.Tensor],
-    shape: Shape,
-    tok: Tokenizer,
-    prompts: list[str],
-    n: int = 16,
-    other_hook: ActHook | None = None,
-) -> str:
-    """How often greedy decoding of ``other`` matches ``base``.
-
-    Reports free-running agreement (all n tokens identical) and
-    teacher-forced top-1 agreement along base's greedy path (per-step flip
-    rate, which is what a robust comparison should be built on).
-    """
-    identical = tf_match = tf_total = 0
-    for prompt in prompts:
-        ids = tok.encode(prompt).ids
-        path = reference_greedy(base, shape, ids, n)
-        identical += path == reference_greedy(other, shape, ids, n, other_hook)
-        logits = reference_logits(other, shape, ids + path[:-1], other_hook)
-        top1 = logits[len(ids) - 1 :].argmax(-1).tolist()
-        tf_match += sum(x == y for x, y in zip(top1, path, strict=True))
-        tf_total += n
-    return (
-        f"{n}-token greedy identical for {identical}/{len(prompts)} prompts; "
-        f"teacher-forced top-1 {tf_match}/{tf_total}"
-    )
-
-
-def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
-    """Self-check a written checkpoint; returns a list of problems (empty = ok)."""
-    problems: list[str] = []
-    config = json.loads((model_dir / "config.json").read_text())
-    tensors = load_tensors(model_dir)
-    spec = expected_tensors(config)
-    for name in sorted(set(spec) | set(tensors)):
-        if name not in tensors:
-            problems.append(f"missing tensor {name}")
-        elif name not in spec:
-            problems.append(f"unexpected tensor {name}")
-        else:
-            dtype, dims = spec[name]
-            t = tensors[name]
-            if t.dtype != dtype or tuple(t.shape) != dims:
-                problems.append(
-                    f"{name}: got {t.dtype} {tuple(t.shape)}, want {dtype} {dims}"
-                )
-            elif not torch.isfinite(t.float()).all():
-                problems.append(f"{name}: non-finite values")
-    for fname in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if not (model_dir / fname).exists():
-            problems.append(f"missing {fname}")
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    if tok.get_vocab_size() != config["vocab_size"]:
-        problems.append(
-            f"tokenizer vocab {tok.get_vocab_size()} != config {config['vocab_size']}"
-        )
-    if problems:
-        return problems
-    print(f"  {len(tensors)} tensors: names, dtypes, shapes ok")
-
-    shape = shape_from_config(config)
-    qcfg = config.get("quantization_config")
-    prompts = PROMPTS
-    if qcfg is None:
-        bf16 = tensors
-    else:
-        twin_dir = twin_dir or model_dir.with_name(model_dir.name + "-bf16twin")
-        twin = load_tensors(twin_dir)
-        block = qcfg.get("weight_block_size")
-        deq: dict[str, torch.Tensor] = {}
-        for name, t in tensors.items():
-            if t.dtype == torch.int8:
-                module = name.removesuffix(".weight")
-                deq[name] = int8_channel_dequant(t, tensors[f"{module}.weight_scale"])
-                continue
-            if t.dtype != FP8_DTYPE:
-                if name.endswith(".weight"):
-                    deq[name] = t
-                continue
-            module = name.removesuffix(".weight")
-            if block is not None:
-                deq[name] = fp8_block_dequant(
-                    t, tensors[f"{module}.weight_scale_inv"], tuple(block)
-                )
-            else:
-                deq[name] = fp8_tensor_dequant(t, tensors[f"{module}.weight_scale"])
-        if set(deq) != set(twin):
-            problems.append(f"twin {twin_dir} has different tensor names")
-            return problems
-        bad = [n for n in deq if not torch.equal(deq[n], twin[n])]
-        if bad:
-            problems.append(f"twin differs from dequantized weights: {bad[:5]}")
-            return problems
-        print(f"  twin {twin_dir} == dequantized weights (bit-exact)")
-        bf16 = twin
-
-        # Emulate the activation quantization too, and see how often greedy
-        # decoding of the quantized model agrees with the twin.
-        if qcfg["quant_method"] == "compressed-tensors":
-
-            def act(module: str, x: torch.Tensor) -> torch.Tensor:
-                return int8_dynamic_token_act_quant(x)
-
-        elif qcfg["activation_scheme"] == "static":
-            scales = effective_input_scales(tensors)
-
-            def act(module: str, x: torch.Tensor) -> torch.Tensor:
-                s = scales[module]
-                return fp8_quant(x, s).float() * s
-
-        else:
-
-            def act(module: str, x: torch.Tensor) -> torch.Tensor:
-                return fp8_dynamic_group_act_quant(x, int(block[1]))
-
-        stats = compare_greedy(bf16, bf16, shape, tok, prompts, other_hook=act)
-        kind = "int8" if qcfg["quant_method"] == "compressed-tensors" else "fp8"
-        print(f"  emulated {kind} (weights + activations) vs twin: {stats}")
-
-    # Control: a real bug (experts 0 and 1 swapped in every layer) must be
-    # much more visible than the fp8 noise above.
-    swapped = dict(bf16)
-    for layer in range(shape.layers):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            a = f"model.layers.{layer}.mlp.experts.0.{proj}.weight"
-            b = f"model.layers.{layer}.mlp.experts.1.{proj}.weight"
-            swapped[a], swapped[b] = bf16[b], bf16[a]
-    stats = compare_greedy(bf16, swapped, shape, tok, prompts)
-    print(f"  control, experts 0<->1 swapped vs bf16: {stats}")
-
-    outs = {}
-    for prompt in prompts:
-        ids = tok.encode(prompt).ids
-        outs[prompt] = tok.decode(reference_greedy(bf16, shape, ids, 16))
-    for prompt, text in list(outs.items())[:3]:
-        print(f"  reference greedy: {prompt!r} -> {text!r}")
-    if len(set(outs.values())) < len(prompts) // 2:
-        problems.append(f"degenerate outputs: {outs}")
-    return problems
-
-
-def hf_crosscheck(model_dir: Path) -> list[str]:
-    """Load a bf16 dir with transformers and compare logits to the reference."""
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError:
-        print("  transformers not installed; skipping HF cross-check")
-        return []
-    config = json.loads((model_dir / "config.json").read_text())
-    shape = shape_from_config(config)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, local_files_only=True
-    )
-    hf_tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    prompt = PROMPTS[0]
-    ids = hf_tok(prompt)["input_ids"]
-    with torch.no_grad():
-        hf = model(torch.tensor([ids])).logits[0]
-    ref = reference_logits(load_tensors(model_dir), shape, ids)
-    err = float((hf - ref).abs().max())
-    print(f"  transformers {type(model).__name__}: max |logit diff| vs ref {err:.2e}")
-    if err > 1e-3:
-        return [f"transformers logits differ from reference by {err}"]
-    if hf_tok.eos_token != EOS_TOKEN:
-        return [f"transformers tokenizer eos {hf_tok.eos_token!r}"]
-    return []
-
-
-# --------------------------------------------------------------------------
-# CLI
-# --------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="checkpoint directory to write")
-    parser.add_argument("--scheme", choices=sorted(SCHEMES), default="bf16")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--twin",
-        type=Path,
-        help="where quantized schemes write the dequantized bf16 twin "
-        "(default: OUT-bf16twin)",
-    )
-    parser.add_argument(
-        "--shards", type=int, default=1, help="number of safetensors shards"
-    )
-    parser.add_argument(
-        "--separate-fused-scales",
-        action="store_true",
-        help="fp8-tensor: one weight_scale per q/k/v and gate/up shard, as "
-        "AutoFP8 writes (vLLM then requantizes; the twin is no longer exact)",
-    )
-    parser.add_argument(
-        "--verify",
-        type=Path,
-        nargs="?",
-        const=True,
-        help="check a written checkpoint (default: the one just written)",
-    )
-    parser.add_argument(
-        "--hf-check",
-        action="store_true",
-        help="with --verify, also load the bf16 weights with transformers",
-    )
-    args = parser.parse_args(argv)
-    if args.out is None and not isinstance(args.verify, Path):
-        parser.error("--out or --verify DIR is required")
-
-    to_verify: Path | None = args.verify if isinstance(args.verify, Path) else None
-    if args.out is not None:
-        written = generate(
-            args.out,
-            args.scheme,
-            args.seed,
-            args.twin,
-            args.shards,
-            not args.separate_fused_scales,
-        )
-        for path in written:
-            print(f"wrote {path}")
-        if args.verify is True:
-            to_verify = args.out
-
-    if to_verify is None:
-        return 0
-    print(f"verifying {to_verify}")
-    problems = verify(to_verify, args.twin)
-    if not problems and args.hf_check:
-        cfg = json.loads((to_verify / "config.json").read_text())
-        bf16_dir = to_verify
-        if "quantization_config" in cfg:
-            bf16_dir = args.twin or to_verify.with_name(to_verify.name + "-bf16twin")
-        problems = hf_crosscheck(bf16_dir)
-    for p in problems:
-        print(f"  PROBLEM: {p}", file=sys.stderr)
-    print("verify: " + ("FAILED" if problems else "ok"))
-    return 1 if problems else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,153 @@
+"""INT8 formats: ``w8a8-int8`` (compressed-tensors W8A8 as llm-compressor
+writes it).
+
+``{"quant_method": "compressed-tensors", "format": "int-quantized",
+"config_groups": {"group_0": {"targets": ["Linear"], "weights": int8
+symmetric "channel", "input_activations": int8 symmetric dynamic
+"token"}}, "ignore": ["lm_head", "re:.*mlp.gate$"], ...}``, with
+``P.weight`` int8 and ``P.weight_scale`` bf16 of shape ``[out, 1]``
+(``w = int8 * scale`` per output channel); no input scales, no zero points.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import (
+    CT_IGNORE,
+    ActHook,
+    Codec,
+    SchemeContext,
+    SchemeOutput,
+    TensorSpec,
+    is_quantized_module,
+    quantize_weights,
+)
+
+INT8_MIN, INT8_MAX = -128, 127
+
+# The ignore list of llm-compressor's Qwen3-MoE recipes (common.CT_IGNORE).
+CT_INT8_IGNORE = CT_IGNORE
+
+
+def int8_channel_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8, as compressed-tensors computes it.
+
+    scale = max|w| / 127.5 over the row (half the int8 range), stored in the
+    model's dtype (bf16) with shape [out, 1]; q = round(w / scale) clamped to
+    [-128, 127] with that stored scale.  No zero point is saved (symmetric).
+    """
+    amax = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-8)
+    scale = (amax / ((INT8_MAX - INT8_MIN) / 2)).to(torch.bfloat16)
+    q = torch.round(w.float() / scale.float()).clamp(INT8_MIN, INT8_MAX)
+    return q.to(torch.int8), scale
+
+
+def int8_channel_dequant(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (q.float() * scale.float()).to(torch.bfloat16)
+
+
+def int8_dynamic_token_act_quant(x: torch.Tensor) -> torch.Tensor:
+    """Emulate dynamic symmetric per-token int8 activation quantization."""
+    s = x.abs().amax(-1, keepdim=True).clamp(min=1e-10) / INT8_MAX
+    return torch.round(x / s).clamp(-INT8_MAX, INT8_MAX) * s
+
+
+def ct_w8a8_int8_config() -> dict[str, object]:
+    """quantization_config of an llm-compressor W8A8 (int8) checkpoint."""
+    common = {
+        "actorder": None,
+        "block_structure": None,
+        "group_size": None,
+        "num_bits": 8,
+        "observer_kwargs": {},
+        "symmetric": True,
+        "type": "int",
+    }
+    return {
+        "config_groups": {
+            "group_0": {
+                "format": "int-quantized",
+                "input_activations": {
+                    **common,
+                    "dynamic": True,
+                    "observer": None,
+                    "strategy": "token",
+                },
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {
+                    **common,
+                    "dynamic": False,
+                    "observer": "minmax",
+                    "strategy": "channel",
+                },
+            }
+        },
+        "format": "int-quantized",
+        "global_compression_ratio": None,
+        "ignore": CT_INT8_IGNORE,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": "0.12.2",
+    }
+
+
+def write_w8a8_int8(
+    weights: dict[str, torch.Tensor], ctx: SchemeContext
+) -> SchemeOutput:
+    """compressed-tensors W8A8 int8: int8 weights with per-channel
+    ``weight_scale`` [out, 1], activations quantized dynamically per token
+    at run time (no input scales on disk)."""
+    tensors, twin = quantize_weights(
+        weights,
+        lambda _m, w: int8_channel_quant(w),
+        int8_channel_dequant,
+        "weight_scale",
+    )
+    return SchemeOutput(
+        tensors=tensors, quantization_config=ct_w8a8_int8_config(), twin=twin
+    )
+
+
+def _claims(qcfg: dict[str, object]) -> bool:
+    return (
+        qcfg.get("quant_method") == "compressed-tensors"
+        and qcfg.get("format") == "int-quantized"
+    )
+
+
+def _module_tensors(
+    module: str, n: int, k: int, qcfg: dict[str, object]
+) -> dict[str, TensorSpec] | None:
+    if not is_quantized_module(module):
+        return None
+    return {"weight": (torch.int8, (n, k)), "weight_scale": (torch.bfloat16, (n, 1))}
+
+
+def _dequantize(
+    module: str, tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+) -> torch.Tensor:
+    return int8_channel_dequant(
+        tensors[f"{module}.weight"], tensors[f"{module}.weight_scale"]
+    )
+
+
+def _activation(
+    tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+) -> tuple[str, ActHook]:
+    def act(module: str, x: torch.Tensor) -> torch.Tensor:
+        return int8_dynamic_token_act_quant(x)
+
+    return "int8", act
+
+
+CODEC = Codec(
+    claims=_claims,
+    module_tensors=_module_tensors,
+    dequantize=_dequantize,
+    activation=_activation,
+)

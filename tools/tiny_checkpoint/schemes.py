@@ -1,0 +1,107 @@
+"""The format registry and ``generate``.
+
+``FORMATS`` holds every format the tool can write; ``SCHEMES`` only those
+the fork serves today (``served=True``).  The end-to-end suite parametrizes
+over ``SCHEMES``, so a format that the fork cannot load yet is added with
+``served=False``: it can be written, verified and unit-tested, but no e2e
+test tries to serve it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import fp8, int8, mxfp8, wna16
+from .common import (
+    EOS_TOKEN,
+    Codec,
+    SchemeContext,
+    SchemeWriter,
+    Shape,
+    hf_config,
+    init_weights,
+    train_tokenizer,
+    write_bf16,
+    write_checkpoint,
+)
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    write: SchemeWriter
+    # How --verify reads it; None for the unquantized bf16 baseline.
+    codec: Codec | None
+    # Whether the fork can serve it (and the e2e suite runs it).
+    served: bool = True
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("bf16", write_bf16, None),
+        Format("fp8-tensor", fp8.write_fp8_tensor, fp8.CODEC),
+        Format("fp8-block", fp8.write_fp8_block, fp8.CODEC),
+        Format("w8a8-int8", int8.write_w8a8_int8, int8.CODEC),
+        Format("gptq-int4", wna16.write_gptq_int4, wna16.GPTQ_CODEC, served=False),
+        Format("awq-int4", wna16.write_awq_int4, wna16.AWQ_CODEC, served=False),
+        Format("w4a16-ct", wna16.write_w4a16_ct, wna16.CT_CODEC, served=False),
+        Format("mxfp8-modelopt", mxfp8.write_mxfp8_modelopt, mxfp8.CODEC, served=False),
+    )
+}
+
+# The served schemes (name -> writer): what the e2e suite iterates over.
+SCHEMES: dict[str, SchemeWriter] = {
+    name: f.write for name, f in FORMATS.items() if f.served
+}
+
+
+def codec_for(qcfg: dict[str, object]) -> Codec:
+    """The codec that reads a config.json ``quantization_config``."""
+    codecs = {id(f.codec): f.codec for f in FORMATS.values() if f.codec is not None}
+    matches = [c for c in codecs.values() if c.claims(qcfg)]
+    if len(matches) != 1:
+        raise ValueError(
+            f"{len(matches)} tiny_checkpoint formats read quantization_config "
+            f"{qcfg!r}; expected exactly one"
+        )
+    return matches[0]
+
+
+def generate(
+    out: Path,
+    scheme: str,
+    seed: int,
+    twin_dir: Path | None,
+    shards: int,
+    shared_fused_scales: bool = True,
+) -> list[Path]:
+    """Write checkpoint ``scheme`` to ``out`` (and its bf16 twin); returns
+    the directories written, the quantized one first."""
+    if scheme not in FORMATS:
+        raise KeyError(
+            f"unknown tiny_checkpoint scheme {scheme!r}; known: {sorted(FORMATS)}"
+        )
+    shape = Shape()
+    tok = train_tokenizer(shape.vocab_target)
+    vocab = tok.get_vocab_size()
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    weights = init_weights(shape, vocab, seed)
+    ctx = SchemeContext(shape, tok, seed, shared_fused_scales)
+    result = FORMATS[scheme].write(weights, ctx)
+
+    config = hf_config(shape, vocab, eos_id)
+    written = [out]
+    if result.quantization_config is not None:
+        config = {**config, "quantization_config": result.quantization_config}
+    write_checkpoint(
+        out, result.tensors, config, tok, eos_id, shards, result.extra_json
+    )
+    if result.twin is not None:
+        twin_out = twin_dir or out.with_name(out.name + "-bf16twin")
+        write_checkpoint(
+            twin_out, result.twin, hf_config(shape, vocab, eos_id), tok, eos_id, shards
+        )
+        written.append(twin_out)
+    return written

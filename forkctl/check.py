@@ -1,24 +1,16 @@
-"""check: the series is well-formed, applies exactly, and is ruff clean."""
+"""check: the series is well-formed, applies exactly, and passes upstream's hooks."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-from . import artifacts, patchfile, series
+from . import artifacts, hooks, patchfile, series
 from .config import Fork
+from .git import BASE_IDENTITY, clean_env, git, out
 from .tree import unpack_sdist
-
-
-def _ruff(fork: Fork) -> str | None:
-    candidate = fork.venv_dir / "bin" / "ruff"
-    if candidate.is_file():
-        return str(candidate)
-    return shutil.which("ruff")
 
 
 def series_problems(fork: Fork) -> list[str]:
@@ -38,61 +30,66 @@ def series_problems(fork: Fork) -> list[str]:
     return problems
 
 
-def ruff_problems(fork: Fork, root: Path, files: list[str]) -> list[str]:
-    if not files:
-        return []
-    ruff = _ruff(fork)
-    if ruff is None:
-        version = fork.tools.get("ruff", "")
-        return [
-            f"ruff not found: run `python3 -m forkctl build` or pip install ruff=={version}"
-        ]
-    problems = []
-    for args in (["check", "--no-fix", "--quiet"], ["format", "--check", "--quiet"]):
-        proc = subprocess.run(
-            [ruff, *args, *files], cwd=root, capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            report = (proc.stdout + proc.stderr).strip()
-            problems.append(f"ruff {args[0]}:\n    " + report.replace("\n", "\n    "))
-    return problems
+def _commit(root: Path, message: str, paths: list[str]) -> str:
+    env = clean_env(**BASE_IDENTITY)
+    if paths:
+        git(root, "add", "-A", "--force", "--", *paths, env=env)
+    git(root, "commit", "-q", "--allow-empty", "--no-verify", "-m", message, env=env)
+    return out(root, "rev-parse", "HEAD")
 
 
 def check(fork: Fork) -> list[str]:
     problems = series_problems(fork)
     sdist = artifacts.fetch(fork, fork.sdist)
+    patches: list[patchfile.Patch] = []
+    for name in series.read(fork.series_file):
+        path = fork.patches_dir / name
+        if not path.is_file():
+            continue
+        try:
+            patches.append(patchfile.parse(path))
+        except (ValueError, UnicodeDecodeError) as e:
+            problems.append(f"{name}: cannot be read as a patch: {e}")
     touched: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="forkctl-check-") as scratch:
+        # A git repository: the base's files the series changes as one commit,
+        # then one commit per patch, so `git blame` names the patch of a line.
         root = Path(scratch) / "src"
         unpack_sdist(sdist, root)
-        for name in series.read(fork.series_file):
-            path = fork.patches_dir / name
-            if not path.is_file():
-                continue
-            try:
-                patch = patchfile.parse(path)
-            except (ValueError, UnicodeDecodeError) as e:
-                problems.append(f"{name}: cannot be read as a patch: {e}")
-                continue
-            problems += [f"{name}: {p}" for p in patchfile.header_problems(patch)]
+        git(root, "init", "-q", "-b", "main")
+        changed = {p for patch in patches for d in patch.files for p in (d.old_path,)}
+        in_base = sorted(p for p in changed if p and (root / p).exists())
+        if (root / hooks.CONFIG).is_file():
+            in_base.append(hooks.CONFIG)
+        blame = hooks.Blame(root)
+        _commit(root, "base", in_base)
+        for patch in patches:
+            name = patch.name
+            problems += [
+                f"{name}: {p}"
+                for p in patchfile.header_problems(patch, base_version=fork.version)
+            ]
             hunks = patchfile.hunk_problems(patch, root)
             if hunks:
                 problems += [f"{name}: {p}" for p in hunks]
                 problems.append(f"{name}: later patches were checked without it")
                 continue
             proc = subprocess.run(
-                ["git", "apply", "--whitespace=nowarn", str(path)],
+                ["git", "apply", "--whitespace=nowarn", str(fork.patches_dir / name)],
                 cwd=root,
                 capture_output=True,
                 text=True,
-                env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1"},
+                env=clean_env(),
             )
             if proc.returncode != 0:
                 problems.append(f"{name}: git apply failed: {proc.stderr.strip()}")
                 continue
+            paths = sorted(
+                {p for d in patch.files for p in (d.old_path, d.new_path) if p}
+            )
+            blame.record(_commit(root, name, paths), name, paths)
             touched |= {d.path for d in patch.files if d.new_path}
-        python_files = sorted(
-            f for f in touched if f.endswith(".py") and (root / f).is_file()
-        )
-        problems += ruff_problems(fork, root, python_files)
+        files = sorted(f for f in touched if (root / f).is_file())
+        config_out = fork.root / "build" / "pre-commit" / "config.yaml"
+        problems += hooks.run(fork, root, files, blame, config_out)
     return problems

@@ -17,6 +17,11 @@ HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 SUBJECT = re.compile(r"^(\[[A-Za-z0-9][A-Za-z0-9/._ -]*\])+ \S")
 UPSTREAM_STATUS = re.compile(r"^(Pending|Not-needed|Submitted \S+://\S+|Accepted \S+)$")
 TRAILER = re.compile(r"^([A-Za-z0-9-]+): (.*)$")
+# DEP-3's Origin, for the upstream pull request a patch re-implements.
+ORIGIN = re.compile(
+    r"^upstream, https://github\.com/vllm-project/vllm/pull/[1-9][0-9]*$"
+)
+VERSION = re.compile(r"^v?(\d+(?:\.\d+)*)")
 
 
 @dataclass
@@ -180,7 +185,7 @@ def parse(path: Path) -> Patch:
     )
 
 
-def header_problems(patch: Patch) -> list[str]:
+def header_problems(patch: Patch, base_version: str | None = None) -> list[str]:
     problems = []
     if not SUBJECT.match(patch.subject):
         problems.append(
@@ -202,8 +207,56 @@ def header_problems(patch: Patch) -> list[str]:
             f"Upstream-Status {status!r} is not one of Pending, Submitted <link>, "
             "Accepted <version>, Not-needed"
         )
+    problems += origin_problems(patch, base_version)
     if not patch.files:
         problems.append("the patch changes no file")
+    return problems
+
+
+def _version_key(version: str) -> tuple[int, ...] | None:
+    match = VERSION.match(version)
+    return tuple(int(x) for x in match.group(1).split(".")) if match else None
+
+
+def origin_problems(patch: Patch, base_version: str | None = None) -> list[str]:
+    """`Origin:` trailers, and what Upstream-Status then has to say.
+
+    `Origin: upstream, https://github.com/vllm-project/vllm/pull/N` names an
+    upstream pull request, merged after the base, that the patch re-implements.
+    `Accepted <version>` needs at least one: the release carries the change
+    through that pull request. `Not-needed` contradicts an Origin (upstream has
+    the change). With `Pending` or `Submitted`, an Origin means upstream merged
+    it but no release carries it yet.
+    """
+    problems = []
+    origins = patch.trailers.get("Origin", [])
+    for origin in origins:
+        if not ORIGIN.match(origin):
+            problems.append(
+                f"Origin {origin!r} is not of the form "
+                "'upstream, https://github.com/vllm-project/vllm/pull/<number>'"
+            )
+    for origin in sorted({o for o in origins if origins.count(o) > 1}):
+        problems.append(f"Origin {origin!r} is given {origins.count(origin)} times")
+    status = patch.upstream_status or ""
+    if status.startswith("Accepted "):
+        if not origins:
+            problems.append(
+                f"Upstream-Status {status!r} needs an 'Origin: upstream, "
+                "https://github.com/vllm-project/vllm/pull/<number>' trailer "
+                "naming the upstream pull request that release carries"
+            )
+        accepted = _version_key(status.split(" ", 1)[1])
+        base = _version_key(base_version) if base_version else None
+        if accepted and base and accepted <= base:
+            problems.append(
+                f"Upstream-Status {status!r}: the base {base_version} already "
+                "carries it, so the patch should be dropped"
+            )
+    elif status == "Not-needed" and origins:
+        problems.append(
+            "Upstream-Status 'Not-needed' contradicts Origin: upstream has the change"
+        )
     return problems
 
 

@@ -1,13 +1,12 @@
-"""check: headers, the series file, exact application and ruff, all reported at once."""
+"""check: headers, the series file and exact application, all reported at once."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 
 import pytest
-from conftest import DEFAULTS_CFG, PENDING, SIGNED_OFF, find_ruff
+from conftest import DEFAULTS_CFG, PENDING, SIGNED_OFF
 
 GOOD_SUBJECT = "[Docs] Add a troubleshooting page for the fork"
 
@@ -81,17 +80,78 @@ def test_bad_header_is_reported(series_fork, change, expected):
     assert len(problems(result)) == 1, result.out
 
 
+ORIGIN = "Origin: upstream, https://github.com/vllm-project/vllm/pull/23456"
+ORIGIN_2 = "Origin: upstream, https://github.com/vllm-project/vllm/pull/34567"
+
+
 @pytest.mark.parametrize(
-    "status",
+    "trailers",
     [
-        "Not-needed",
-        "Accepted v0.20.0",
-        "Submitted https://github.com/vllm-project/vllm/pull/12345",
+        (SIGNED_OFF, "Upstream-Status: Not-needed"),
+        (ORIGIN, SIGNED_OFF, "Upstream-Status: Accepted v1.1.0"),
+        (ORIGIN, ORIGIN_2, SIGNED_OFF, "Upstream-Status: Accepted 1.0.1"),
+        (ORIGIN, SIGNED_OFF, PENDING),  # merged upstream, in no release yet
+        (
+            SIGNED_OFF,
+            "Upstream-Status: Submitted https://github.com/vllm-project/vllm/pull/12345",
+        ),
+    ],
+    ids=["not-needed", "accepted", "accepted-two-origins", "pending", "submitted"],
+)
+def test_other_valid_upstream_statuses_pass(series_fork, trailers):
+    add_patch(series_fork, trailers=trailers)
+    result = series_fork.run("check")
+    assert result.rc == 0, result.text
+
+
+@pytest.mark.parametrize(
+    ("trailers", "expected"),
+    [
+        (
+            (SIGNED_OFF, "Upstream-Status: Accepted v1.1.0"),
+            "Upstream-Status 'Accepted v1.1.0' needs an 'Origin: upstream, ",
+        ),
+        (
+            (ORIGIN, SIGNED_OFF, "Upstream-Status: Accepted 1.0"),
+            "the base 1.0 already carries it",
+        ),
+        (
+            (
+                "Origin: upstream, https://github.com/vllm-project/vllm/issues/1",
+                SIGNED_OFF,
+                PENDING,
+            ),
+            "Origin 'upstream, https://github.com/vllm-project/vllm/issues/1' is not of the form",
+        ),
+        (
+            (
+                "Origin: https://github.com/vllm-project/vllm/pull/23456",
+                SIGNED_OFF,
+                PENDING,
+            ),
+            "is not of the form",
+        ),
+        ((ORIGIN, ORIGIN, SIGNED_OFF, PENDING), "is given 2 times"),
+        (
+            (ORIGIN, SIGNED_OFF, "Upstream-Status: Not-needed"),
+            "'Not-needed' contradicts Origin",
+        ),
+    ],
+    ids=[
+        "accepted-without-origin",
+        "accepted-by-the-base",
+        "origin-not-a-pr",
+        "origin-without-upstream",
+        "duplicate-origin",
+        "not-needed-with-origin",
     ],
 )
-def test_other_valid_upstream_statuses_pass(series_fork, status):
-    add_patch(series_fork, trailers=(SIGNED_OFF, f"Upstream-Status: {status}"))
-    assert series_fork.run("check").rc == 0
+def test_bad_origin_is_reported(series_fork, trailers, expected):
+    name = add_patch(series_fork, trailers=trailers)
+    result = series_fork.run("check")
+    assert_reports(result, f"problem: {name}: ")
+    assert_reports(result, expected)
+    assert len(problems(result)) == 1, result.out
 
 
 def test_non_ascii_subject_is_read_decoded(series_fork):
@@ -228,67 +288,3 @@ def test_every_problem_is_reported_in_one_run(series_fork):
         f"{unsigned}: no Signed-off-by: trailer",
         f"{names[0]}: demo/defaults.cfg: hunk @@ -3,7 +3,7 @@ does not match",
     )
-
-
-# -- ruff ----------------------------------------------------------------------
-
-CLEAN_PY = '''\
-"""Retry with exponential backoff."""
-
-import time
-
-
-def backoff(attempt: int, base: float = 0.5) -> float:
-    return base * 2**attempt
-
-
-def sleep_before(attempt: int) -> None:
-    time.sleep(backoff(attempt))
-'''
-
-DIRTY_PY = '''\
-"""Retry with exponential backoff."""
-import os, time
-def backoff(attempt,base = 0.5):
-    return base*2**attempt
-'''
-
-
-def add_python_patch(fork, source: str) -> str:
-    fork.write("demo/retry.py", source)
-    fork.commit("[Core] Add a backoff helper for retried requests")
-    fork.ok("export")
-    return fork.series()[-1]
-
-
-def test_python_patch_without_ruff_is_a_problem(series_fork, tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin-without-ruff"
-    bin_dir.mkdir()
-    (bin_dir / "git").symlink_to(shutil.which("git"))
-    add_python_patch(series_fork, CLEAN_PY)
-    monkeypatch.setenv("PATH", str(bin_dir))
-    assert_reports(series_fork.run("check"), "ruff not found")
-
-
-@pytest.fixture
-def with_ruff(series_fork):
-    ruff = find_ruff()
-    if ruff is None:
-        pytest.skip("no ruff binary on PATH or in /work/main/.venv")
-    (series_fork.venv / "bin").mkdir(parents=True)
-    (series_fork.venv / "bin" / "ruff").symlink_to(os.path.abspath(ruff))
-    return series_fork
-
-
-def test_ruff_clean_python_patch_passes(with_ruff):
-    add_python_patch(with_ruff, CLEAN_PY)
-    result = with_ruff.run("check")
-    assert result.rc == 0, result.text
-
-
-def test_ruff_problems_in_a_python_patch_are_reported(with_ruff):
-    add_python_patch(with_ruff, DIRTY_PY)
-    result = with_ruff.run("check")
-    assert_reports(result, "ruff check:", "ruff format:")
-    assert "demo/retry.py" in result.out
-    assert "F401" in result.out  # `os` imported but unused

@@ -44,9 +44,9 @@ FORMATS: dict[str, Format] = {
         Format("fp8-tensor", fp8.write_fp8_tensor, fp8.CODEC),
         Format("fp8-block", fp8.write_fp8_block, fp8.CODEC),
         Format("w8a8-int8", int8.write_w8a8_int8, int8.CODEC),
-        Format("gptq-int4", wna16.write_gptq_int4, wna16.GPTQ_CODEC, served=False),
-        Format("awq-int4", wna16.write_awq_int4, wna16.AWQ_CODEC, served=False),
-        Format("w4a16-ct", wna16.write_w4a16_ct, wna16.CT_CODEC, served=False),
+        Format("gptq-int4", wna16.write_gptq_int4, wna16.GPTQ_CODEC),
+        Format("awq-int4", wna16.write_awq_int4, wna16.AWQ_CODEC),
+        Format("w4a16-ct", wna16.write_w4a16_ct, wna16.CT_CODEC),
         Format("mxfp8-modelopt", mxfp8.write_mxfp8_modelopt, mxfp8.CODEC, served=False),
     )
 }

@@ -33,7 +33,7 @@ from tiny_checkpoint.verify import dequantized_weights  # noqa: E402
 
 SEED = 5
 GROUP = 128
-UNSERVED = ("gptq-int4", "awq-int4", "w4a16-ct", "mxfp8-modelopt")
+WNA16_FORMATS = ("gptq-int4", "awq-int4", "w4a16-ct")
 # GPTQ v1 symmetric 4-bit: zero point 8 stored as 8 - 1 = 7 in every nibble.
 GPTQ_V1_SYM_QZEROS_WORD = 0x77777777
 # AutoAWQ: nibble i (bits 4i..4i+3) of a word holds column 8c + AWQ_ORDER[i].
@@ -72,7 +72,7 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ckpt]:
     root = tmp_path_factory.mktemp("tiny")
-    return {s: Ckpt(root, s) for s in UNSERVED}
+    return {s: Ckpt(root, s) for s in WNA16_FORMATS}
 
 
 # --------------------------------------------------------------------------
@@ -125,17 +125,19 @@ def to_bf16(w: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------
 
 
-def test_new_formats_are_registered_but_not_served():
+def test_every_served_format_is_a_scheme():
+    # The e2e suite serves every scheme against its twin.
     assert set(tiny_checkpoint.SCHEMES) == {
+        name for name, f in tiny_checkpoint.FORMATS.items() if f.served
+    }
+    assert set(tiny_checkpoint.SCHEMES) >= {
         "bf16",
         "fp8-tensor",
         "fp8-block",
         "w8a8-int8",
+        "mxfp8-modelopt",
+        *WNA16_FORMATS,
     }
-    for name in UNSERVED:
-        assert name in tiny_checkpoint.FORMATS
-        assert not tiny_checkpoint.FORMATS[name].served
-        assert name not in tiny_checkpoint.SCHEMES
 
 
 def test_source_digest_covers_every_module():
@@ -174,7 +176,7 @@ ON_DISK = {
 }
 
 
-@pytest.mark.parametrize("scheme", UNSERVED)
+@pytest.mark.parametrize("scheme", WNA16_FORMATS)
 def test_layout(ckpts: dict[str, Ckpt], scheme: str):
     c = ckpts[scheme]
     expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
@@ -324,7 +326,7 @@ def test_mxfp8_unpacks_to_twin(ckpts: dict[str, Ckpt]):
         assert ((deq - master).abs() <= tol).all(), m
 
 
-@pytest.mark.parametrize("scheme", UNSERVED)
+@pytest.mark.parametrize("scheme", WNA16_FORMATS)
 def test_groups_are_distinct(ckpts: dict[str, Ckpt], scheme: str):
     """K = 256 projections have two groups with their own scales."""
     c = ckpts[scheme]
@@ -345,7 +347,7 @@ def test_groups_are_distinct(ckpts: dict[str, Ckpt], scheme: str):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scheme", UNSERVED)
+@pytest.mark.parametrize("scheme", WNA16_FORMATS)
 def test_verify_codec_matches_and_detects_corruption(
     ckpts: dict[str, Ckpt], scheme: str
 ):

@@ -47,7 +47,7 @@ FORMATS: dict[str, Format] = {
         Format("gptq-int4", wna16.write_gptq_int4, wna16.GPTQ_CODEC),
         Format("awq-int4", wna16.write_awq_int4, wna16.AWQ_CODEC),
         Format("w4a16-ct", wna16.write_w4a16_ct, wna16.CT_CODEC),
-        Format("mxfp8-modelopt", mxfp8.write_mxfp8_modelopt, mxfp8.CODEC, served=False),
+        Format("mxfp8-modelopt", mxfp8.write_mxfp8_modelopt, mxfp8.CODEC),
     )
 }
 

@@ -72,7 +72,7 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ckpt]:
     root = tmp_path_factory.mktemp("tiny")
-    return {s: Ckpt(root, s) for s in WNA16_FORMATS}
+    return {s: Ckpt(root, s) for s in (*WNA16_FORMATS, "mxfp8-modelopt")}
 
 
 # --------------------------------------------------------------------------

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from . import build, check, config, export, series, status, testing, tree
+from . import build, check, config, export, rebase, series, status, testing, tree
 from .errors import ForkError
 
 
@@ -26,6 +27,21 @@ def main(argv: list[str] | None = None) -> int:
     p = verbs.add_parser("test", help="run the series' tests inside the tree")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     verbs.add_parser("version", help="print the version string the build installs")
+    p = verbs.add_parser(
+        "rebase",
+        help="try the series on a newer upstream release; report per patch",
+    )
+    p.add_argument("--onto", required=True, metavar="VERSION", help="upstream release")
+    p.add_argument(
+        "--sha256", help="the target sdist's sha256 (default: fork.toml [rebase.sdist])"
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        metavar="PREFIX",
+        help="write PREFIX.json and PREFIX.md (default: build/rebase-VERSION/report)",
+    )
+    p.add_argument("--force", action="store_true", help="replace build/rebase-VERSION/")
     args = parser.parse_args(argv)
 
     try:
@@ -51,6 +67,21 @@ def main(argv: list[str] | None = None) -> int:
             return testing.run_tests(fork, args.pytest_args)
         elif args.verb == "version":
             print(build.fork_version(fork, "cpu"))
+        elif args.verb == "rebase":
+            result = rebase.rebase(
+                fork, args.onto, args.sha256, args.report, force=args.force
+            )
+            counts = result.counts()
+            print(
+                f"{len(result.patches)} patches onto {args.onto}: "
+                + ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+            )
+            print(f"tree at the last good patch: {result.tree}")
+            if result.remaining:
+                print(
+                    f"{len(result.remaining)} patch(es) still to apply: see the report"
+                )
+                return 2
     except ForkError as e:
         print(f"forkctl {args.verb}: {e}", file=sys.stderr)
         return 1

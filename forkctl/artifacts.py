@@ -115,7 +115,9 @@ def _normalize(project: str) -> str:
     return re.sub(r"[-_.]+", "-", project).lower()
 
 
-def find_url(artifact: Artifact, config: dict[str, str]) -> str:
+def find_link(artifact: Artifact, config: dict[str, str]) -> tuple[str, str | None]:
+    """The artifact's URL on the first index that lists it, and the sha256 that
+    index publishes for it (the link's ``#sha256=`` fragment), if it does."""
     context = _ssl_context(config)
     tried = []
     for index in index_urls(config):
@@ -134,12 +136,30 @@ def find_url(artifact: Artifact, config: dict[str, str]) -> str:
                 urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]
             )
             if name == artifact.filename:
-                return url.split("#", 1)[0]
+                fragment = urllib.parse.urlsplit(url).fragment
+                algo, _, digest = fragment.partition("=")
+                published = digest.lower() if algo == "sha256" and digest else None
+                return url.split("#", 1)[0], published
         tried.append(f"{page}: no file named {artifact.filename}")
     raise ForkError(
         f"{artifact.filename} not found on any configured index:\n  "
         + "\n  ".join(tried)
     )
+
+
+def find_url(artifact: Artifact, config: dict[str, str]) -> str:
+    return find_link(artifact, config)[0]
+
+
+def published_sha256(artifact: Artifact) -> str:
+    """The sha256 the configured index publishes for an artifact not pinned yet."""
+    _, digest = find_link(artifact, _pip_config())
+    if not digest or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise ForkError(
+            f"the index publishes no sha256 for {artifact.filename}: "
+            "pin one (fork.toml [rebase.sdist] or --sha256)"
+        )
+    return digest
 
 
 def fetch(fork: Fork, artifact: Artifact) -> Path:

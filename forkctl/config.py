@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ForkError
@@ -28,6 +28,12 @@ class Fork:
     ci_lock_pins: tuple[str, ...] = ()
     test_requirements: tuple[str, ...] = ()
     build_outputs: tuple[str, ...] = ()
+    # sha256 of upstream sdists `rebase --onto` targets, by version.
+    rebase_pins: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def project(self) -> str:
+        return self.sdist.project
 
     @property
     def patches_dir(self) -> Path:
@@ -81,4 +87,8 @@ def load(root: Path | None = None) -> Fork:
         ci_lock_pins=tuple(data.get("constraints", {}).get("from_ci_lock", ())),
         test_requirements=tuple(data.get("test", {}).get("from_ci_lock", ())),
         build_outputs=tuple(upstream.get("build_outputs", ())),
+        rebase_pins={
+            str(version): str(digest).lower()
+            for version, digest in data.get("rebase", {}).get("sdist", {}).items()
+        },
     )

@@ -37,6 +37,7 @@ and pin the target in fork.toml.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -281,7 +282,35 @@ class Checker:
             if before is None or (before == "new" and package_imports):
                 problems.append(f"import {name}: {error}")
         problems += self.missing_test_files(patch)
+        for path in touched:
+            for name in sorted(self.missing_imports(path)):
+                problems.append(f"{path} imports {name}, which the tree does not have")
         return problems
+
+    def missing_imports(self, path: str) -> set[str]:
+        """Modules of the project's package a .py file imports that have no file
+        (tests too, which the import check does not import)."""
+        if not path.endswith(".py") or not (self.tree / path).is_file():
+            return set()
+        try:
+            syntax = ast.parse((self.tree / path).read_bytes())
+        except SyntaxError:
+            return set()
+        names = set()
+        for node in ast.walk(syntax):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        missing = set()
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != self.package:
+                continue
+            base = self.tree.joinpath(*parts)
+            if not (base.with_suffix(".py").is_file() or base.is_dir()):
+                missing.add(name)
+        return missing
 
     def missing_test_files(self, patch: patchfile.Patch) -> list[str]:
         """CI files the patch changes that name test files the tree lacks."""

@@ -130,6 +130,7 @@ def test_each_patch_gets_its_outcome(rebase_fork):
         d.startswith("import demo.engine: ModuleNotFoundError") and "demo.util" in d
         for d in broken
     ), broken
+    assert "demo/engine.py imports demo.util, which the tree does not have" in broken
 
     # The table says the same.
     table = (fork.root / "build/rebase-2.0/report.md").read_text()
@@ -220,3 +221,27 @@ def test_unpinned_target_uses_and_prints_the_index_hash(
     assert f'"{TARGET}" = "{fork.target_sha}"' in result.err
     assert load_report(fork)["sha256_source"].endswith("(not pinned yet)")
     assert sha256(fork.downloads / TARGET_SDIST) == fork.target_sha
+
+
+def test_three_way_merge_that_keeps_two_copies_is_noted(fork):
+    """Upstream added the patch's line elsewhere: the merge keeps both, silently."""
+    fork.ok("sync")
+    fork.replace(
+        "demo/defaults.cfg", "prefetch = 2\n", "prefetch = 2\nfast_path = on\n"
+    )
+    fork.commit("[Core] Turn on the fast path by default")
+    fork.ok("export")
+    target = DEFAULTS_CFG.replace("name = demo\n", "name = demo\nfast_path = on\n")
+    target = target.replace("batch_size = 16", "batch_size = 32")
+    files = {**BASE_FILES, "demo/defaults.cfg": target}
+    sdist = make_sdist(fork.downloads / TARGET_SDIST, files, top=f"{PROJECT}-2.0")
+
+    result = fork.run("rebase", "--onto", TARGET, "--sha256", sha256(sdist))
+
+    assert result.rc == 0, result.text
+    (patch,) = load_report(fork)["patches"]
+    assert patch["outcome"] == "applies with 3-way"
+    assert any(
+        "'fast_path = on' occurs 2 times, 1 in the patch's own result" in d
+        for d in patch["details"]
+    ), patch["details"]

@@ -372,3 +372,87 @@ def test_verify_codec_matches_and_detects_corruption(
     broken[f"{m}.{name}"] = t
     deq = dequantized_weights(c.config, broken)
     assert not torch.equal(deq[f"{m}.weight"], c.twin[f"{m}.weight"])
+
+
+# --------------------------------------------------------------------------
+# compressed-tensors FP8 (channel weights, dynamic token activations)
+# --------------------------------------------------------------------------
+
+
+def e4m3_decode(q: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn bits -> float64, from the format's definition (sign,
+    4 exponent bits with bias 7, 3 mantissa bits, subnormals at exponent 0),
+    without torch's fp8 conversion."""
+    b = q.view(torch.uint8).long()
+    sign = torch.where(b >= 128, -1.0, 1.0).double()
+    exp = (b // 8) % 16
+    man = (b % 8).double()
+    normal = (1 + man / 8) * torch.pow(2.0, (exp - 7).double())
+    subnormal = man / 8 * 2.0**-6
+    assert not ((exp == 15) & (man == 7)).any(), "NaN stored"
+    return sign * torch.where(exp == 0, subnormal, normal)
+
+
+@pytest.fixture(scope="module")
+def fp8_channel(tmp_path_factory: pytest.TempPathFactory) -> Ckpt:
+    return Ckpt(tmp_path_factory.mktemp("tiny-fp8ch"), "fp8-channel-ct")
+
+
+def test_fp8_channel_ct_is_served():
+    assert "fp8-channel-ct" in tiny_checkpoint.SCHEMES
+
+
+def test_fp8_channel_ct_config(fp8_channel: Ckpt):
+    q = fp8_channel.qcfg
+    assert q["quant_method"] == "compressed-tensors"
+    assert q["format"] == "float-quantized"
+    (group,) = q["config_groups"].values()
+    assert group["targets"] == ["Linear"]
+    w, a = group["weights"], group["input_activations"]
+    assert (w["num_bits"], w["type"], w["symmetric"]) == (8, "float", True)
+    assert (w["strategy"], w["dynamic"]) == ("channel", False)
+    assert (a["num_bits"], a["type"], a["symmetric"]) == (8, "float", True)
+    assert (a["strategy"], a["dynamic"]) == ("token", True)
+    assert q["ignore"] == ["lm_head", "re:.*mlp.gate$"]
+
+
+def test_fp8_channel_ct_layout_and_bits(fp8_channel: Ckpt):
+    c = fp8_channel
+    expected: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    for m, (n, k) in c.linears.items():
+        if m.endswith("_proj"):
+            expected[f"{m}.weight"] = (torch.float8_e4m3fn, (n, k))
+            expected[f"{m}.weight_scale"] = (torch.float32, (n, 1))
+        else:  # the routers stay bf16
+            expected[f"{m}.weight"] = (torch.bfloat16, (n, k))
+    for name, t in c.master.items():
+        if name.removesuffix(".weight") not in c.linears:
+            expected[name] = (torch.bfloat16, tuple(t.shape))
+    assert {n: (t.dtype, tuple(t.shape)) for n, t in c.tensors.items()} == expected
+    assert torch.equal(c.tensors["lm_head.weight"], c.master["lm_head.weight"])
+    for m, (n, k) in c.quantized().items():
+        w = e4m3_decode(c.tensors[f"{m}.weight"])
+        scale = c.tensors[f"{m}.weight_scale"].double()
+        deq = w * scale
+        assert torch.equal(to_bf16(deq), c.twin[f"{m}.weight"]), m
+        # Each row's largest magnitude maps to the top of the e4m3 range.
+        assert torch.equal(w.abs().amax(dim=1), torch.full((n,), 448.0)), m
+        master = c.master[f"{m}.weight"].double()
+        torch.testing.assert_close(
+            scale[:, 0], master.abs().amax(dim=1) / 448, rtol=1e-6, atol=0
+        )
+        # 3 mantissa bits: half a relative step 2**-4, subnormals 2**-10.
+        tol = master.abs() * 2.0**-4 + scale * 2.0**-10
+        assert ((deq - master).abs() <= tol).all(), m
+    # The tool's own --verify codec agrees, and sees one flipped bit.
+    spec = tiny_checkpoint.expected_tensors(c.config)
+    assert {n: (t.dtype, tuple(t.shape)) for n, t in c.tensors.items()} == spec
+    deq_all = dequantized_weights(c.config, c.tensors)
+    assert all(torch.equal(deq_all[n], c.twin[n]) for n in c.twin)
+    m = "model.layers.1.self_attn.o_proj"
+    broken = dict(c.tensors)
+    t = broken[f"{m}.weight"].clone()
+    t.view(torch.uint8).view(-1)[5] ^= 0x04
+    broken[f"{m}.weight"] = t
+    deq_broken = dequantized_weights(c.config, broken)
+    assert not torch.equal(deq_broken[f"{m}.weight"], c.twin[f"{m}.weight"])

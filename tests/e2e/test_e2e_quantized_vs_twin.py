@@ -4,9 +4,10 @@ What runs: every quantized scheme of ``tiny_checkpoint.SCHEMES`` (everything
 but ``bf16``; a served scheme added there is picked up here, formats
 registered with ``served=False`` are not; vLLM reads the
 quantization from the checkpoint's config.json) plus online
-FP8 (``--quantization fp8`` on the bf16 checkpoint, whose twin is the bf16
-checkpoint itself).  Each is served twice, with ``--moe-backend cpu`` and with
-``--moe-backend auto``, and compared with its twin on 8 fixed prompts x 16
+FP8 (``--quantization fp8``) and online int8 experts (``--quantization
+experts_int8``) on the bf16 checkpoint, whose twin is the bf16 checkpoint
+itself.  Each is served with ``--moe-backend auto`` (one scheme per MoE
+oracle also with ``--moe-backend cpu``, see EXPLICIT_CPU), and compared with its twin on 8 fixed prompts x 16
 greedy tokens (``ignore_eos``).  The same servers then take 16 concurrent
 requests.  A deliberately wrong model (experts 0 and 1 swapped in every layer
 of the FP8 block checkpoint) must fail the same rule.
@@ -82,6 +83,16 @@ class Variant:
 def variants() -> list[Variant]:
     out = [Variant(s, s, (), online=False) for s in lib.quantized_schemes()]
     out.append(Variant("online-fp8", "bf16", ("--quantization", "fp8"), online=True))
+    # Online int8 experts (W8A16, attention in bf16); experts_int8 is
+    # deprecated upstream, so it needs the opt-in flag.
+    out.append(
+        Variant(
+            "online-int8",
+            "bf16",
+            ("--quantization", "experts_int8", "--allow-deprecated-quantization"),
+            online=True,
+        )
+    )
     return out
 
 

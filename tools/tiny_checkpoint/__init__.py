@@ -21,7 +21,7 @@ Usage::
 
 Layout: ``common`` (model shape, weights, tokenizer, reference forward,
 checkpoint I/O), one module per format family -- ``fp8`` (fp8-tensor,
-fp8-block), ``int8`` (w8a8-int8), ``wna16`` (gptq-int4, awq-int4,
+fp8-block, fp8-channel-ct), ``int8`` (w8a8-int8), ``wna16`` (gptq-int4, awq-int4,
 w4a16-ct), ``mxfp8`` (mxfp8-modelopt) -- ``schemes`` (the registry and
 ``generate``), ``verify`` and ``cli``.
 

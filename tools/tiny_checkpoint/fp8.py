@@ -1,4 +1,5 @@
-"""FP8 formats: ``fp8-tensor`` (AutoFP8) and ``fp8-block`` (DeepSeek-V3).
+"""FP8 formats: ``fp8-tensor`` (AutoFP8), ``fp8-block`` (DeepSeek-V3) and
+``fp8-channel-ct`` (compressed-tensors FP8_DYNAMIC).
 
 Checked against vLLM's reader in
 ``vllm/model_executor/layers/quantization/fp8.py``:
@@ -15,6 +16,13 @@ Checked against vLLM's reader in
   ``P.weight_scale_inv`` float32 of shape ``[ceil(N/128), ceil(K/128)]``.
   Despite the name, ``weight_scale_inv`` is the dequantization multiplier:
   ``w = fp8 * scale_inv`` blockwise.
+* ``fp8-channel-ct``: compressed-tensors FP8 as llm-compressor's FP8_DYNAMIC
+  scheme writes it, ``{"quant_method": "compressed-tensors", "format":
+  "float-quantized", "config_groups": {"group_0": {"targets": ["Linear"],
+  "weights": float 8-bit symmetric "channel", "input_activations": float
+  8-bit symmetric dynamic "token"}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}``,
+  with ``P.weight`` float8_e4m3fn and ``P.weight_scale`` float32 ``[out, 1]``
+  (``w = fp8 * scale`` per output channel); no input scales.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from .common import (
+    CT_IGNORE,
     ActHook,
     Codec,
     SchemeContext,
@@ -80,6 +89,19 @@ def fp8_block_dequant(
     blocks, nb, kb = _block_view(q.float(), bn, bk)
     w = (blocks * scale_inv.float()[:, None, :, None]).view(nb * bn, kb * bk)
     return w[:n, :k].to(torch.bfloat16)
+
+
+def fp8_channel_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel FP8: scale = max|w| / 448 over the row,
+    float32 [out, 1]; q = w / scale cast to float8_e4m3fn."""
+    scale = _amax_to_scale(w.float().abs().amax(dim=1, keepdim=True))
+    return fp8_quant(w, scale), scale
+
+
+def fp8_dynamic_token_act_quant(x: torch.Tensor) -> torch.Tensor:
+    """Emulate dynamic per-token (per-row) fp8 activation quantization."""
+    s = _amax_to_scale(x.abs().amax(-1, keepdim=True))
+    return fp8_quant(x, s).float() * s
 
 
 def fp8_dynamic_group_act_quant(x: torch.Tensor, group: int = 128) -> torch.Tensor:
@@ -144,6 +166,62 @@ def write_fp8_block(
             "modules_to_not_convert": unquantized_modules(ctx.shape),
         },
         twin=twin,
+    )
+
+
+def ct_fp8_channel_config() -> dict[str, object]:
+    """quantization_config of an llm-compressor FP8_DYNAMIC checkpoint."""
+    common = {
+        "actorder": None,
+        "block_structure": None,
+        "group_size": None,
+        "num_bits": 8,
+        "observer_kwargs": {},
+        "symmetric": True,
+        "type": "float",
+    }
+    return {
+        "config_groups": {
+            "group_0": {
+                "format": "float-quantized",
+                "input_activations": {
+                    **common,
+                    "dynamic": True,
+                    "observer": None,
+                    "strategy": "token",
+                },
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": {
+                    **common,
+                    "dynamic": False,
+                    "observer": "minmax",
+                    "strategy": "channel",
+                },
+            }
+        },
+        "format": "float-quantized",
+        "global_compression_ratio": None,
+        "ignore": CT_IGNORE,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": "0.12.2",
+    }
+
+
+def write_fp8_channel_ct(
+    weights: dict[str, torch.Tensor], ctx: SchemeContext
+) -> SchemeOutput:
+    """compressed-tensors FP8: FP8 weights with per-channel ``weight_scale``
+    [out, 1], activations quantized dynamically per token at run time."""
+    tensors, twin = quantize_weights(
+        weights, lambda _m, w: fp8_channel_quant(w), fp8_tensor_dequant, "weight_scale"
+    )
+    return SchemeOutput(
+        tensors=tensors, quantization_config=ct_fp8_channel_config(), twin=twin
     )
 
 
@@ -241,4 +319,44 @@ CODEC = Codec(
     module_tensors=_module_tensors,
     dequantize=_dequantize,
     activation=_activation,
+)
+
+
+def _ct_claims(qcfg: dict[str, object]) -> bool:
+    return (
+        qcfg.get("quant_method") == "compressed-tensors"
+        and qcfg.get("format") == "float-quantized"
+    )
+
+
+def _ct_module_tensors(
+    module: str, n: int, k: int, qcfg: dict[str, object]
+) -> dict[str, TensorSpec] | None:
+    if not is_quantized_module(module):
+        return None
+    return {"weight": (FP8_DTYPE, (n, k)), "weight_scale": (torch.float32, (n, 1))}
+
+
+def _ct_dequantize(
+    module: str, tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+) -> torch.Tensor:
+    return fp8_tensor_dequant(
+        tensors[f"{module}.weight"], tensors[f"{module}.weight_scale"]
+    )
+
+
+def _ct_activation(
+    tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+) -> tuple[str, ActHook]:
+    def act(module: str, x: torch.Tensor) -> torch.Tensor:
+        return fp8_dynamic_token_act_quant(x)
+
+    return "fp8", act
+
+
+CT_CODEC = Codec(
+    claims=_ct_claims,
+    module_tensors=_ct_module_tensors,
+    dequantize=_ct_dequantize,
+    activation=_ct_activation,
 )

@@ -43,6 +43,7 @@ FORMATS: dict[str, Format] = {
         Format("bf16", write_bf16, None),
         Format("fp8-tensor", fp8.write_fp8_tensor, fp8.CODEC),
         Format("fp8-block", fp8.write_fp8_block, fp8.CODEC),
+        Format("fp8-channel-ct", fp8.write_fp8_channel_ct, fp8.CT_CODEC),
         Format("w8a8-int8", int8.write_w8a8_int8, int8.CODEC),
         Format("gptq-int4", wna16.write_gptq_int4, wna16.GPTQ_CODEC),
         Format("awq-int4", wna16.write_awq_int4, wna16.AWQ_CODEC),

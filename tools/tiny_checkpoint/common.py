@@ -595,6 +595,43 @@ class Codec:
     ] = no_activation_quant
 
 
+def ct_channel_codec(
+    fmt: str,
+    weight_dtype: torch.dtype,
+    scale_dtype: torch.dtype,
+    dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    act_label: str,
+    act_quant: Callable[[torch.Tensor], torch.Tensor],
+) -> Codec:
+    """The codec of a compressed-tensors checkpoint with per-channel weight
+    scales (``weight`` [n, k], ``weight_scale`` [n, 1]) and dynamic
+    per-token activation quantization, in ``format`` fmt."""
+
+    def claims(qcfg: dict[str, object]) -> bool:
+        return qcfg.get("quant_method") == "compressed-tensors" and (
+            qcfg.get("format") == fmt
+        )
+
+    def module_tensors(
+        module: str, n: int, k: int, qcfg: dict[str, object]
+    ) -> dict[str, TensorSpec] | None:
+        if not is_quantized_module(module):
+            return None
+        return {"weight": (weight_dtype, (n, k)), "weight_scale": (scale_dtype, (n, 1))}
+
+    def dequantize(
+        module: str, tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+    ) -> torch.Tensor:
+        return dequant(tensors[f"{module}.weight"], tensors[f"{module}.weight_scale"])
+
+    def activation(
+        tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
+    ) -> tuple[str, ActHook]:
+        return act_label, lambda module, x: act_quant(x)
+
+    return Codec(claims, module_tensors, dequantize, activation)
+
+
 def write_bf16(weights: dict[str, torch.Tensor], ctx: SchemeContext) -> SchemeOutput:
     return SchemeOutput(tensors=dict(weights))
 

@@ -31,6 +31,7 @@ import torch
 
 from .common import (
     CT_IGNORE,
+    ct_channel_codec,
     ActHook,
     Codec,
     SchemeContext,
@@ -322,41 +323,11 @@ CODEC = Codec(
 )
 
 
-def _ct_claims(qcfg: dict[str, object]) -> bool:
-    return (
-        qcfg.get("quant_method") == "compressed-tensors"
-        and qcfg.get("format") == "float-quantized"
-    )
-
-
-def _ct_module_tensors(
-    module: str, n: int, k: int, qcfg: dict[str, object]
-) -> dict[str, TensorSpec] | None:
-    if not is_quantized_module(module):
-        return None
-    return {"weight": (FP8_DTYPE, (n, k)), "weight_scale": (torch.float32, (n, 1))}
-
-
-def _ct_dequantize(
-    module: str, tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
-) -> torch.Tensor:
-    return fp8_tensor_dequant(
-        tensors[f"{module}.weight"], tensors[f"{module}.weight_scale"]
-    )
-
-
-def _ct_activation(
-    tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
-) -> tuple[str, ActHook]:
-    def act(module: str, x: torch.Tensor) -> torch.Tensor:
-        return fp8_dynamic_token_act_quant(x)
-
-    return "fp8", act
-
-
-CT_CODEC = Codec(
-    claims=_ct_claims,
-    module_tensors=_ct_module_tensors,
-    dequantize=_ct_dequantize,
-    activation=_ct_activation,
+CT_CODEC = ct_channel_codec(
+    "float-quantized",
+    FP8_DTYPE,
+    torch.float32,
+    fp8_tensor_dequant,
+    "fp8",
+    fp8_dynamic_token_act_quant,
 )

@@ -15,12 +15,9 @@ import torch
 
 from .common import (
     CT_IGNORE,
-    ActHook,
-    Codec,
+    ct_channel_codec,
     SchemeContext,
     SchemeOutput,
-    TensorSpec,
-    is_quantized_module,
     quantize_weights,
 )
 
@@ -113,41 +110,11 @@ def write_w8a8_int8(
     )
 
 
-def _claims(qcfg: dict[str, object]) -> bool:
-    return (
-        qcfg.get("quant_method") == "compressed-tensors"
-        and qcfg.get("format") == "int-quantized"
-    )
-
-
-def _module_tensors(
-    module: str, n: int, k: int, qcfg: dict[str, object]
-) -> dict[str, TensorSpec] | None:
-    if not is_quantized_module(module):
-        return None
-    return {"weight": (torch.int8, (n, k)), "weight_scale": (torch.bfloat16, (n, 1))}
-
-
-def _dequantize(
-    module: str, tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
-) -> torch.Tensor:
-    return int8_channel_dequant(
-        tensors[f"{module}.weight"], tensors[f"{module}.weight_scale"]
-    )
-
-
-def _activation(
-    tensors: dict[str, torch.Tensor], qcfg: dict[str, object]
-) -> tuple[str, ActHook]:
-    def act(module: str, x: torch.Tensor) -> torch.Tensor:
-        return int8_dynamic_token_act_quant(x)
-
-    return "int8", act
-
-
-CODEC = Codec(
-    claims=_claims,
-    module_tensors=_module_tensors,
-    dequantize=_dequantize,
-    activation=_activation,
+CODEC = ct_channel_codec(
+    "int-quantized",
+    torch.int8,
+    torch.bfloat16,
+    int8_channel_dequant,
+    "int8",
+    int8_dynamic_token_act_quant,
 )

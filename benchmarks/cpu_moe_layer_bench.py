@@ -46,53 +46,21 @@ from types import SimpleNamespace
 
 import torch
 
-E, TOPK, HIDDEN, INTER = 128, 8, 2048, 768
+from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
+
 GROUP = 128
 
 
 def _moe_config():
-    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.config import (
-        FusedMoEConfig,
-        FusedMoEParallelConfig,
-        RoutingMethodType,
-    )
-
-    return FusedMoEConfig(
-        num_experts=E,
-        experts_per_token=TOPK,
-        hidden_dim=HIDDEN,
-        intermediate_size_per_partition=INTER,
-        num_local_experts=E,
-        num_logical_experts=E,
-        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-        activation=MoEActivation.SILU,
-        in_dtype=torch.bfloat16,
-        device="cpu",
-        routing_method=RoutingMethodType.TopK,
-    )
+    return moe_layer_config("cpu")
 
 
 def _modular(experts_cls, moe, quant_config):
-    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
-    from vllm.model_executor.layers.fused_moe.all2all_utils import (
-        maybe_make_prepare_finalize,
+    from vllm.model_executor.layers.fused_moe.oracle.selection import (
+        make_modular_moe_kernel,
     )
 
-    prepare_finalize = maybe_make_prepare_finalize(
-        moe=moe,
-        quant_config=quant_config,
-        routing_tables=None,
-        allow_new_interface=True,
-        use_monolithic=False,
-    )
-    kernel = mk.FusedMoEKernel(
-        prepare_finalize,
-        experts_cls(moe_config=moe, quant_config=quant_config),
-        shared_experts=None,
-        moe_parallel_config=moe.moe_parallel_config,
-    )
-    return kernel
+    return make_modular_moe_kernel(quant_config, moe, experts_cls, inplace=False)
 
 
 def _run_modular(kernel, w13, w2):

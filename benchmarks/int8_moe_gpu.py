@@ -37,7 +37,7 @@ import types
 
 import torch
 
-E, TOPK, HIDDEN, INTER = 128, 8, 2048, 768
+from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
 
 
 # --------------------------------------------------------------------------
@@ -211,9 +211,6 @@ def main() -> int:
 
     from vllm.model_executor.layers.fused_moe.config import (
         FUSED_MOE_UNQUANTIZED_CONFIG,
-        FusedMoEConfig,
-        FusedMoEParallelConfig,
-        RoutingMethodType,
     )
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.fused_moe import TritonExperts
@@ -237,19 +234,7 @@ def main() -> int:
         f"{current_platform.get_device_capability()}), torch {torch.__version__}"
     )
 
-    moe = FusedMoEConfig(
-        num_experts=E,
-        experts_per_token=TOPK,
-        hidden_dim=HIDDEN,
-        intermediate_size_per_partition=INTER,
-        num_local_experts=E,
-        num_logical_experts=E,
-        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-        activation=MoEActivation.SILU,
-        in_dtype=torch.bfloat16,
-        device="cuda",
-        routing_method=RoutingMethodType.TopK,
-    )
+    moe = moe_layer_config("cuda")
     backend, experts_cls = select_int8_moe_backend(
         moe, kInt8StaticChannelSym, kInt8DynamicTokenSym
     )

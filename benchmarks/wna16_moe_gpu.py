@@ -34,14 +34,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from int8_moe_gpu import (  # noqa: E402
-    E,
-    HIDDEN,
-    INTER,
-    TOPK,
-    _install_vllm_stand_ins,
-    reference,
-)
+from int8_moe_gpu import _install_vllm_stand_ins, reference  # noqa: E402
+from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
 
 GROUP = 128
 ROTATE = 16
@@ -121,9 +115,6 @@ def main() -> int:
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.config import (
         FUSED_MOE_UNQUANTIZED_CONFIG,
-        FusedMoEConfig,
-        FusedMoEParallelConfig,
-        RoutingMethodType,
     )
     from vllm.model_executor.layers.fused_moe.fused_moe import (
         TritonExperts,
@@ -148,19 +139,7 @@ def main() -> int:
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s"
     )
 
-    moe = FusedMoEConfig(
-        num_experts=E,
-        experts_per_token=TOPK,
-        hidden_dim=HIDDEN,
-        intermediate_size_per_partition=INTER,
-        num_local_experts=E,
-        num_logical_experts=E,
-        moe_parallel_config=FusedMoEParallelConfig.make_no_parallel(),
-        activation=MoEActivation.SILU,
-        in_dtype=torch.bfloat16,
-        device="cuda",
-        routing_method=RoutingMethodType.TopK,
-    )
+    moe = moe_layer_config("cuda")
     key = wna16_weight_key(4, GROUP, False, torch.bfloat16)
     backend, experts_cls = select_wna16_moe_backend(
         dataclasses.replace(moe, moe_backend="triton"), key

@@ -53,7 +53,7 @@ from . import artifacts, patchfile, series
 from .config import Artifact, Fork
 from .errors import ForkError
 from .git import BASE_IDENTITY, clean_env, git, out
-from .tree import BASE_TAG, apply_series, mark_synced, unpack_sdist
+from .tree import BASE_TAG, apply_series, commit_base, mark_synced, unpack_sdist
 
 APPLIES = "applies"
 THREE_WAY = "applies with 3-way"
@@ -139,22 +139,6 @@ def target_artifact(
     return Artifact(
         unpinned.project, filename, digest
     ), "the sha256 the index publishes (not pinned yet)"
-
-
-def _commit_base(tree: Path, fork: Fork, message: str) -> None:
-    git(tree, "init", "-q", "-b", "main")
-    git(tree, "add", "-A", "--force")
-    for path in fork.build_outputs:
-        git(tree, "rm", "-q", "--cached", "--ignore-unmatch", path)
-    git(
-        tree,
-        "commit",
-        "-q",
-        "--no-verify",
-        "-m",
-        message,
-        env=clean_env(**BASE_IDENTITY),
-    )
 
 
 def _am_env() -> dict[str, str]:
@@ -526,10 +510,10 @@ def rebase(
     with tempfile.TemporaryDirectory(prefix="old-", dir=work) as scratch:
         old = Path(scratch) / "src"
         unpack_sdist(old_sdist, old)
-        _commit_base(old, fork, f"vLLM {fork.version} (previous base)")
+        commit_base(old, fork, f"vLLM {fork.version} (previous base)")
         apply_series(fork, old)
         unpack_sdist(new_sdist, tree)
-        _commit_base(
+        commit_base(
             tree,
             fork,
             f"vLLM {version} (rebase target)\n\nUnpacked from {target.filename}, "

@@ -108,6 +108,26 @@ def apply_series(fork: Fork, tree: Path) -> None:
         print(f"applied {name}", file=sys.stderr)
 
 
+def commit_base(tree: Path, fork: Fork, message: str) -> None:
+    """Commit an unpacked sdist as the first commit of a new repository, with
+    a fixed identity and date so that its commit id is reproducible."""
+    git(tree, "init", "-q", "-b", "main")
+    # The whole sdist, even files its own .gitignore names, so that patches to
+    # them apply; except the files the build rewrites, which would dirty the tree.
+    git(tree, "add", "-A", "--force")
+    for path in fork.build_outputs:
+        git(tree, "rm", "-q", "--cached", "--ignore-unmatch", path)
+    git(
+        tree,
+        "commit",
+        "-q",
+        "--no-verify",
+        "-m",
+        message,
+        env=clean_env(**BASE_IDENTITY),
+    )
+
+
 def sync(fork: Fork, force: bool = False) -> Path:
     tree = fork.tree_dir
     if tree.exists():
@@ -121,22 +141,11 @@ def sync(fork: Fork, force: bool = False) -> Path:
     if tree.exists():
         shutil.rmtree(tree)
     unpack_sdist(sdist, tree)
-    env = clean_env(**BASE_IDENTITY)
-    git(tree, "init", "-q", "-b", "main")
-    # The whole sdist, even files its own .gitignore names, so that patches to
-    # them apply; except the files the build rewrites, which would dirty the tree.
-    git(tree, "add", "-A", "--force")
-    for path in fork.build_outputs:
-        git(tree, "rm", "-q", "--cached", "--ignore-unmatch", path)
-    git(
+    commit_base(
         tree,
-        "commit",
-        "-q",
-        "--no-verify",
-        "-m",
+        fork,
         f"vLLM {fork.version} (pinned base)\n\nUnpacked from {fork.sdist.filename}, "
         f"sha256 {fork.sdist.sha256}.",
-        env=env,
     )
     git(tree, "tag", BASE_TAG)
     try:

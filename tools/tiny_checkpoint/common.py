@@ -652,6 +652,64 @@ def fused_group(module: str) -> str:
 CT_IGNORE = ["lm_head", "re:.*mlp.gate$"]
 
 
+def ct_quantization_config(
+    fmt: str,
+    weights: dict[str, object],
+    input_activations: dict[str, object] | None,
+) -> dict[str, object]:
+    """quantization_config as llm-compressor writes it: one config group
+    over every Linear outside CT_IGNORE, stored in format fmt."""
+    return {
+        "config_groups": {
+            "group_0": {
+                "format": fmt,
+                "input_activations": input_activations,
+                "output_activations": None,
+                "targets": ["Linear"],
+                "weights": weights,
+            }
+        },
+        "format": fmt,
+        "global_compression_ratio": None,
+        "ignore": CT_IGNORE,
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": {},
+        "transform_config": {},
+        "version": "0.12.2",
+    }
+
+
+def ct_channel_token_config(value_type: str, fmt: str) -> dict[str, object]:
+    """8-bit per-channel weights, dynamic per-token activations (llm-compressor's
+    W8A8 int8 and FP8_DYNAMIC schemes); value_type "int" or "float"."""
+    common = {
+        "actorder": None,
+        "block_structure": None,
+        "group_size": None,
+        "num_bits": 8,
+        "observer_kwargs": {},
+        "symmetric": True,
+        "type": value_type,
+    }
+    return ct_quantization_config(
+        fmt,
+        weights={
+            **common,
+            "dynamic": False,
+            "observer": "minmax",
+            "strategy": "channel",
+        },
+        input_activations={
+            **common,
+            "dynamic": True,
+            "observer": None,
+            "strategy": "token",
+        },
+    )
+
+
 def ct_ignored(module: str, ignore: list[str]) -> bool:
     """Whether compressed-tensors' ``ignore`` list names ``module``
     (``re:`` entries are regexes matched from the start, others exact)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from .common import (
-    CT_IGNORE,
+    ct_channel_token_config,
     ct_channel_codec,
     ActHook,
     Codec,
@@ -172,45 +172,7 @@ def write_fp8_block(
 
 def ct_fp8_channel_config() -> dict[str, object]:
     """quantization_config of an llm-compressor FP8_DYNAMIC checkpoint."""
-    common = {
-        "actorder": None,
-        "block_structure": None,
-        "group_size": None,
-        "num_bits": 8,
-        "observer_kwargs": {},
-        "symmetric": True,
-        "type": "float",
-    }
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": "float-quantized",
-                "input_activations": {
-                    **common,
-                    "dynamic": True,
-                    "observer": None,
-                    "strategy": "token",
-                },
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": {
-                    **common,
-                    "dynamic": False,
-                    "observer": "minmax",
-                    "strategy": "channel",
-                },
-            }
-        },
-        "format": "float-quantized",
-        "global_compression_ratio": None,
-        "ignore": CT_IGNORE,
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": "0.12.2",
-    }
+    return ct_channel_token_config("float", "float-quantized")
 
 
 def write_fp8_channel_ct(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .common import (
-    CT_IGNORE,
+    ct_channel_token_config,
     ct_channel_codec,
     SchemeContext,
     SchemeOutput,
@@ -23,8 +23,6 @@ from .common import (
 
 INT8_MIN, INT8_MAX = -128, 127
 
-# The ignore list of llm-compressor's Qwen3-MoE recipes (common.CT_IGNORE).
-CT_INT8_IGNORE = CT_IGNORE
 
 
 def int8_channel_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,45 +50,7 @@ def int8_dynamic_token_act_quant(x: torch.Tensor) -> torch.Tensor:
 
 def ct_w8a8_int8_config() -> dict[str, object]:
     """quantization_config of an llm-compressor W8A8 (int8) checkpoint."""
-    common = {
-        "actorder": None,
-        "block_structure": None,
-        "group_size": None,
-        "num_bits": 8,
-        "observer_kwargs": {},
-        "symmetric": True,
-        "type": "int",
-    }
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": "int-quantized",
-                "input_activations": {
-                    **common,
-                    "dynamic": True,
-                    "observer": None,
-                    "strategy": "token",
-                },
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": {
-                    **common,
-                    "dynamic": False,
-                    "observer": "minmax",
-                    "strategy": "channel",
-                },
-            }
-        },
-        "format": "int-quantized",
-        "global_compression_ratio": None,
-        "ignore": CT_INT8_IGNORE,
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": "0.12.2",
-    }
+    return ct_channel_token_config("int", "int-quantized")
 
 
 def write_w8a8_int8(

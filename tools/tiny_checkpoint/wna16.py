@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from .common import (
-    CT_IGNORE,
+    ct_quantization_config,
     Codec,
     SchemeContext,
     SchemeOutput,
@@ -300,37 +300,22 @@ def ct_int4_quant(w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tenso
 
 def ct_w4a16_config() -> dict[str, object]:
     """quantization_config of an llm-compressor W4A16 (group 128) checkpoint."""
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": "pack-quantized",
-                "input_activations": None,
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": {
-                    "actorder": None,
-                    "block_structure": None,
-                    "dynamic": False,
-                    "group_size": GROUP,
-                    "num_bits": BITS,
-                    "observer": "minmax",
-                    "observer_kwargs": {},
-                    "strategy": "group",
-                    "symmetric": True,
-                    "type": "int",
-                },
-            }
+    return ct_quantization_config(
+        "pack-quantized",
+        weights={
+            "actorder": None,
+            "block_structure": None,
+            "dynamic": False,
+            "group_size": GROUP,
+            "num_bits": BITS,
+            "observer": "minmax",
+            "observer_kwargs": {},
+            "strategy": "group",
+            "symmetric": True,
+            "type": "int",
         },
-        "format": "pack-quantized",
-        "global_compression_ratio": None,
-        "ignore": CT_IGNORE,
-        "kv_cache_scheme": None,
-        "quant_method": "compressed-tensors",
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": "0.12.2",
-    }
+        input_activations=None,
+    )
 
 
 def write_w4a16_ct(

@@ -7,7 +7,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from . import artifacts, hooks, patchfile, series
+from . import artifacts, ci_schema, hooks, patchfile, series
 from .config import Fork
 from .git import BASE_IDENTITY, clean_env, git, out
 from .tree import unpack_sdist
@@ -92,4 +92,13 @@ def check(fork: Fork) -> list[str]:
         files = sorted(f for f in touched if (root / f).is_file())
         config_out = fork.root / "build" / "pre-commit" / "config.yaml"
         problems += hooks.run(fork, root, files, blame, config_out)
+        problems += ci_schema.run(fork, root, files, lambda p: _patch_of(blame, p))
     return problems
+
+
+def _patch_of(blame: hooks.Blame, path: str) -> str:
+    """The patch to name for a problem in a whole file: the last that changes it."""
+    changed = blame.changed.get(path, [])
+    if len(changed) > 1:
+        return f"{changed[-1]} (patches that change the file: {', '.join(changed)})"
+    return changed[0] if changed else "base"

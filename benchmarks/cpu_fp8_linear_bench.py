@@ -18,7 +18,8 @@ count is printed):
 
 ``--cold`` rotates through enough copies of each weight to exceed the last
 level cache (so weights come from DRAM, as in a real model) instead of
-timing one weight that stays in cache. Not a test: it asserts only that the
+timing one weight that stays in cache. ``--threads 1`` keeps other
+processes on a shared machine from stalling the threads of every op. Not a test: it asserts only that the
 outputs agree. Timings on a small shared machine are noisy: each figure is
 the median of --repeats calls.
 
@@ -119,7 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         help="rotate through weights larger than the last level cache",
     )
     parser.add_argument("--cache-mib", type=int, default=64)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's); on a loaded machine 1 thread "
+        "is less disturbed by other processes than several",
+    )
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.kernels.linear import (

@@ -1,9 +1,11 @@
-"""Serve the tiny Qwen3-MoE on CPU in bf16 and FP8; time start-up and decoding.
+"""Serve the tiny Qwen3-MoE on CPU in every scheme the fork serves; time it.
 
-For each model (bf16, FP8 128x128 block, FP8 per-tensor; the checkpoints of
-tools/tiny_checkpoint, written to build/models/ if missing) this starts
-``vllm serve`` through tools/serve_demo.running_server (127.0.0.1, always
-stopped) and measures:
+For each model -- every served scheme of tools/tiny_checkpoint
+(``tiny_checkpoint.SCHEMES``: bf16, the FP8, int8, int4 and MXFP8 formats;
+checkpoints written to build/models/ if missing) plus the online variants on
+the bf16 checkpoint (``--quantization fp8`` and ``--quantization
+experts_int8``) -- this starts ``vllm serve`` through
+tools/serve_demo.running_server (127.0.0.1, always stopped) and measures:
 
 * ready_s: from starting the process to /health answering 200;
 * batch-1 output tokens/s: requests one after another (fixed prompts,
@@ -15,13 +17,17 @@ stopped) and measures:
 A warm-up request and a short warm-up burst run first (the first requests
 of a server pay one-off costs).  Each throughput figure is the median of --repeats runs.  Not a test:
 it asserts nothing about speed.  Timings on a small shared machine are noisy;
-the load average before and after is printed with the machine facts.
+the load average before and after is printed with the machine facts.  The
+Markdown table gives each figure's ratio to bf16's (when bf16 is in the run);
+a model whose server does not start or whose requests fail is reported as
+such in the table (with the first line of the error) and the run goes on.
 
 Usage::
 
     .venv/bin/python benchmarks/cpu_serve_bench.py
     .venv/bin/python benchmarks/cpu_serve_bench.py --models bf16 fp8-block \\
         --max-tokens 64 --concurrency 16 --repeats 3 --json build/bench.json
+    .venv/bin/python benchmarks/cpu_serve_bench.py --max-tokens 32 --repeats 1
 """
 
 from __future__ import annotations
@@ -46,12 +52,24 @@ import tiny_checkpoint  # noqa: E402
 
 MODELS_DIR = REPO / "build" / "models"
 
-# name -> (tiny_checkpoint scheme, extra `vllm serve` flags)
+# name -> (tiny_checkpoint scheme, extra `vllm serve` flags): every scheme the
+# fork serves (bf16 first, the baseline of the ratios), then the online
+# quantizations of the bf16 checkpoint, as the e2e suite serves them.
 MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "bf16": ("bf16", ("--moe-backend", "cpu")),
-    "fp8-block": ("fp8-block", ("--moe-backend", "cpu")),
-    "fp8-tensor": ("fp8-tensor", ("--moe-backend", "cpu")),
+    scheme: (scheme, ("--moe-backend", "cpu"))
+    for scheme in sorted(tiny_checkpoint.SCHEMES, key=lambda s: s != "bf16")
 }
+MODELS["online-fp8"] = ("bf16", ("--moe-backend", "cpu", "--quantization", "fp8"))
+MODELS["online-int8"] = (
+    "bf16",
+    (
+        "--moe-backend",
+        "cpu",
+        "--quantization",
+        "experts_int8",
+        "--allow-deprecated-quantization",
+    ),
+)
 
 # The checkpoint tool's prompt set, plus four: one per concurrent request.
 PROMPTS = (
@@ -204,6 +222,14 @@ class Row:
     batch1_runs: list[float]
     concurrent_tps: float
     concurrent_runs: list[float]
+    error: str | None = None
+
+
+def failed_row(name: str, err: BaseException) -> Row:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    # The server's own error (last log line) says more than the wrapper's.
+    detail = (lines[-1] if lines else type(err).__name__).replace("|", "/")
+    return Row(name, float("nan"), float("nan"), [], float("nan"), [], detail)
 
 
 def bench_one(name: str, args: argparse.Namespace) -> Row:
@@ -233,6 +259,31 @@ def bench_one(name: str, args: argparse.Namespace) -> Row:
             for _ in range(args.repeats)
         ]
     return Row(name, ready, statistics.median(b1), b1, statistics.median(cc), cc)
+
+
+def markdown_table(rows: list[Row], concurrency: int) -> str:
+    """One line per model; ``x bf16`` is the figure over bf16's."""
+    base = next((r for r in rows if r.model == "bf16" and r.error is None), None)
+
+    def ratio(value: float, ref: float | None) -> str:
+        return f"{value / ref:.2f}" if ref else "-"
+
+    head = (
+        "| model | ready s | batch-1 tok/s | x bf16 | "
+        f"{concurrency} concurrent tok/s | x bf16 |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r.error is not None:
+            lines.append(f"| {r.model} | fails: {r.error} | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {r.model} | {r.ready_s:.1f} | {r.batch1_tps:.1f} | "
+            f"{ratio(r.batch1_tps, base and base.batch1_tps)} | "
+            f"{r.concurrent_tps:.1f} | "
+            f"{ratio(r.concurrent_tps, base and base.concurrent_tps)} |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,25 +324,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for name in args.models:
-        row = bench_one(name, args)
+        try:
+            row = bench_one(name, args)
+        except (serve_demo.ServerError, RuntimeError, OSError) as e:
+            row = failed_row(name, e)
+            print(f"  {name}: FAILED: {row.error}", flush=True)
+        else:
+            print(
+                f"  {name}: ready {row.ready_s:.1f}s, batch-1 runs "
+                f"{[round(x, 1) for x in row.batch1_runs]} tok/s, concurrent runs "
+                f"{[round(x, 1) for x in row.concurrent_runs]} tok/s",
+                flush=True,
+            )
         rows.append(row)
-        print(
-            f"  {name}: ready {row.ready_s:.1f}s, batch-1 runs "
-            f"{[round(x, 1) for x in row.batch1_runs]} tok/s, concurrent runs "
-            f"{[round(x, 1) for x in row.concurrent_runs]} tok/s",
-            flush=True,
-        )
     after = os.getloadavg()
     print(f"loadavg after:  {' '.join(f'{x:.2f}' for x in after)}")
-    header = f"| {'model':<10} | {'ready s':>7} | {'batch-1 tok/s':>13} | {f'{args.concurrency} concurrent tok/s':>20} |"
     print()
-    print(header)
-    print("|" + "|".join("-" * (len(c) + 0) for c in header.split("|")[1:-1]) + "|")
-    for r in rows:
-        print(
-            f"| {r.model:<10} | {r.ready_s:>7.1f} | {r.batch1_tps:>13.1f} | "
-            f"{r.concurrent_tps:>20.1f} |"
-        )
+    print(markdown_table(rows, args.concurrency))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

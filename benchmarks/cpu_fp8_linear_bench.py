@@ -1,0 +1,206 @@
+"""One dense linear layer on CPU: bf16 vs the FP8 (W8A16) CPU kernel vs
+torch._scaled_mm; microseconds per call.
+
+For each shape [N, K] (the tiny Qwen3-MoE's attention projections and two
+real ones) and M tokens this times, in the current process (the torch thread
+count is printed):
+
+* ``bf16``: the bf16 weight through vLLM's CPU unquantized GEMM
+  (``dispatch_cpu_unquantized_gemm``: oneDNN with a prepacked weight here, or
+  the CPU library's packed GEMM where vLLM picks it), what a bf16 model runs;
+* ``fp8 cpu``: ``CPUFP8ScaledMMLinearKernel`` (FP8 weight in memory, widened
+  per call, bf16 GEMM), as ``Fp8LinearMethod`` sets it up on CPU;
+* ``fp8 cpu unpacked``: the same kernel with the weight left [K, N] (the
+  layout it uses when the shape is not a multiple of 32 or the CPU has no
+  AVX512-BF16);
+* ``_scaled_mm``: ``PerTensorTorchFP8ScaledMMLinearKernel``, what CPU
+  selected before (FP8 activations, static scale), fewer repeats.
+
+``--cold`` rotates through enough copies of each weight to exceed the last
+level cache (so weights come from DRAM, as in a real model) instead of
+timing one weight that stays in cache. ``--threads 1`` keeps other
+processes on a shared machine from stalling the threads of every op. Not a test: it asserts only that the
+outputs agree. Timings on a small shared machine are noisy: each figure is
+the median of --repeats calls.
+
+Usage::
+
+    .venv/bin/python benchmarks/cpu_fp8_linear_bench.py
+    .venv/bin/python benchmarks/cpu_fp8_linear_bench.py --cold --repeats 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+SHAPES = {
+    "tiny qkv_proj": (512, 256),
+    "tiny o_proj": (256, 256),
+    "2048x2048": (2048, 2048),
+    "6144x2048": (6144, 2048),
+}
+
+
+def _time(fn, calls: int, repeats: int) -> float:
+    """Median microseconds per call of fn(i) over `repeats` calls."""
+    for i in range(2):
+        fn(i % calls)
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn(i % calls)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _fp8_layers(kernel_cls, n: int, k: int, copies: int, pack: bool):
+    from vllm.model_executor.kernels.linear import FP8ScaledMMLinearLayerConfig
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        kFp8StaticTensorSym,
+    )
+
+    config = FP8ScaledMMLinearLayerConfig(
+        weight_quant_key=kFp8StaticTensorSym,
+        activation_quant_key=kFp8StaticTensorSym,
+        out_dtype=torch.bfloat16,
+    )
+    kernel = kernel_cls(
+        config,
+        layer_param_names=["weight", "weight_scale", "input_scale", "input_scale_ub"],
+    )
+    gen = torch.Generator().manual_seed(0)
+    layers, dense = [], None
+    for _ in range(copies):
+        w = torch.randn(n, k, generator=gen)
+        scale = w.abs().max() / 448.0
+        q = (w / scale).to(torch.float8_e4m3fn)
+        layer = torch.nn.Module()
+        # Fp8LinearMethod leaves the weight as a [K, N] view of [N, K].
+        layer.weight = torch.nn.Parameter(q.t(), requires_grad=False)
+        layer.weight_scale = torch.nn.Parameter(scale.float(), requires_grad=False)
+        layer.input_scale = torch.nn.Parameter(
+            torch.tensor(0.02, dtype=torch.float32), requires_grad=False
+        )
+        layer.input_scale_ub = None
+        if pack:
+            kernel.process_weights_after_loading(layer)
+        layers.append(layer)
+        if dense is None:
+            dense = (q.float() * scale).to(torch.bfloat16)
+    return kernel, layers, dense
+
+
+def _bf16_layers(dense: torch.Tensor, copies: int):
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    layers = []
+    for _ in range(copies):
+        layer = torch.nn.Module()
+        layer.weight = torch.nn.Parameter(dense.clone(), requires_grad=False)
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        layers.append(layer)
+    return layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
+    parser.add_argument("--m", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--scaled-mm-repeats", type=int, default=3)
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="rotate through weights larger than the last level cache",
+    )
+    parser.add_argument("--cache-mib", type=int, default=64)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's); on a loaded machine 1 thread "
+        "is less disturbed by other processes than several",
+    )
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.kernels.linear import (
+        CPUFP8ScaledMMLinearKernel,
+        PerTensorTorchFP8ScaledMMLinearKernel,
+    )
+
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"nproc {os.cpu_count()}, loadavg {os.getloadavg()[0]:.2f}, "
+        f"{'cold (weights rotated past ' + str(args.cache_mib) + ' MiB)' if args.cold else 'hot (one weight, in cache)'}, "
+        f"median of {args.repeats} calls (_scaled_mm: {args.scaled_mm_repeats})",
+        flush=True,
+    )
+    print()
+    print(
+        "| shape [N, K] | M | bf16 us | fp8 cpu us | x bf16 | fp8 cpu unpacked us "
+        "| _scaled_mm us | x fp8 cpu |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    with set_current_vllm_config(VllmConfig()):
+        for name in args.shapes or list(SHAPES):
+            n, k = SHAPES[name]
+            copies = 1
+            if args.cold:
+                copies = max(1, -(-args.cache_mib * 2**20 // (2 * n * k)))
+            kernel, packed, dense = _fp8_layers(
+                CPUFP8ScaledMMLinearKernel, n, k, copies, pack=True
+            )
+            _, unpacked, _ = _fp8_layers(
+                CPUFP8ScaledMMLinearKernel, n, k, copies, pack=False
+            )
+            ref_kernel, ref_layers, _ = _fp8_layers(
+                PerTensorTorchFP8ScaledMMLinearKernel, n, k, 1, pack=False
+            )
+            bf16 = _bf16_layers(dense, copies)
+            for m in args.m:
+                x = torch.randn(m, k).to(torch.bfloat16)
+                out_bf16 = bf16[0].cpu_linear(x, bf16[0].weight, None)
+                out_fp8 = kernel.apply_weights(packed[0], x)
+                out_unpacked = kernel.apply_weights(unpacked[0], x)
+                for out in (out_fp8, out_unpacked):
+                    err = (out.float() - out_bf16.float()).abs().max().item()
+                    if err > 2e-2 * out_bf16.float().abs().max().item():
+                        raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
+                t_bf16 = _time(
+                    lambda i: bf16[i].cpu_linear(x, bf16[i].weight, None),
+                    copies,
+                    args.repeats,
+                )
+                t_fp8 = _time(
+                    lambda i: kernel.apply_weights(packed[i], x), copies, args.repeats
+                )
+                t_unpacked = _time(
+                    lambda i: kernel.apply_weights(unpacked[i], x),
+                    copies,
+                    args.repeats,
+                )
+                t_ref = _time(
+                    lambda i: ref_kernel.apply_weights(ref_layers[0], x),
+                    1,
+                    args.scaled_mm_repeats,
+                )
+                print(
+                    f"| {name} [{n}, {k}] | {m} | {t_bf16:.0f} | {t_fp8:.0f} | "
+                    f"{t_fp8 / t_bf16:.2f} | {t_unpacked:.0f} | {t_ref:.0f} | "
+                    f"{t_ref / t_fp8:.0f} |",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

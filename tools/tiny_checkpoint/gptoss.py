@@ -42,8 +42,10 @@ quantized, so they are the master's bit for bit.  Served with
 biases added there), so only the attention Linears' FP8 activations and
 kernel rounding separate the two.  (Not yet served by the e2e suite: on
 vLLM 0.19.1 ``vllm serve`` of a gpt_oss model needs the harmony vocabulary
-file at startup, and ``--quantization fp8`` leaves GptOss' experts
-unloaded, because its loader ``copy_``s into the meta-device parameters.)
+file at startup; with ``--quantization fp8`` GptOss' loader ``copy_``s the
+experts into meta-device parameters (never loaded), and layerwise online
+quantization re-materializes the attention Linears' already loaded biases
+(NaN).  bf16 serves: vLLM's CPU forward matches reference_logits.)
 
 Magnitudes: see ``init_weights``; expert biases are large enough that a
 kernel dropping them changes the greedy text well beyond what the e2e rule

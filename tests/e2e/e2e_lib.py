@@ -95,11 +95,15 @@ def _stamp_key(d: Path) -> object:
 
 
 def ensure_scheme(scheme: str, cache: Path = MODEL_CACHE) -> Checkpoint:
-    """The cached checkpoint of ``scheme`` (and its twin), generated if needed."""
-    if scheme not in tiny_checkpoint.SCHEMES:
+    """The cached checkpoint of ``scheme`` (and its twin), generated if needed.
+
+    ``scheme``: a served scheme (tiny_checkpoint.SCHEMES) or a whole model
+    (tiny_checkpoint.MODELS, e.g. ``gpt-oss``)."""
+    known = [*tiny_checkpoint.SCHEMES, *tiny_checkpoint.MODELS]
+    if scheme not in known:
         raise KeyError(
-            f"{scheme!r} is not a served tiny_checkpoint scheme "
-            f"(served: {sorted(tiny_checkpoint.SCHEMES)})"
+            f"{scheme!r} is not a served tiny_checkpoint scheme or model "
+            f"(known: {sorted(known)})"
         )
     model = cache / f"tiny-{scheme}"
     twin = cache / f"tiny-{scheme}-bf16twin"

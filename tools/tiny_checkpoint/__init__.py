@@ -23,7 +23,9 @@ Layout: ``common`` (model shape, weights, tokenizer, reference forward,
 checkpoint I/O), one module per format family -- ``fp8`` (fp8-tensor,
 fp8-block, fp8-channel-ct), ``int8`` (w8a8-int8), ``wna16`` (gptq-int4, awq-int4,
 w4a16-ct), ``mxfp8`` (mxfp8-modelopt) -- ``schemes`` (the registry and
-``generate``), ``verify`` and ``cli``.
+``generate``), ``verify`` and ``cli``.  ``gptoss`` writes a whole other
+model, a tiny GPT-OSS-style biased MoE (``--scheme gpt-oss``: bf16, for
+``--quantization fp8``, with its online-FP8 twin; ``schemes.MODELS``).
 
 A format is a writer (bf16 master weights -> tensors to save, the
 ``quantization_config`` for config.json, extra JSON files, the dequantized
@@ -53,13 +55,14 @@ from .common import (
     reference_greedy,
     reference_logits,
 )
-from .schemes import FORMATS, SCHEMES, Format, generate
+from .schemes import FORMATS, MODELS, SCHEMES, Format, generate
 from .verify import expected_tensors, verify
 
 __all__ = [
     "CORPUS",
     "EOS_TOKEN",
     "FORMATS",
+    "MODELS",
     "PROMPTS",
     "SCHEMES",
     "Format",

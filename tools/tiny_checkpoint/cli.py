@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __doc__ as package_doc
-from .schemes import FORMATS, generate
+from .schemes import FORMATS, MODELS, generate
 from .verify import hf_crosscheck, verify
 
 
@@ -16,7 +16,8 @@ def _scheme_help() -> str:
     unserved = sorted(n for n, f in FORMATS.items() if not f.served)
     return (
         "checkpoint format; not served by the fork yet (written and verified "
-        f"only): {', '.join(unserved)}"
+        f"only): {', '.join(unserved)}; whole bf16 models for online "
+        f"quantization, with their twin: {', '.join(sorted(MODELS))}"
     )
 
 
@@ -26,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="checkpoint directory to write")
     parser.add_argument(
-        "--scheme", choices=sorted(FORMATS), default="bf16", help=_scheme_help()
+        "--scheme",
+        choices=sorted([*FORMATS, *MODELS]),
+        default="bf16",
+        help=_scheme_help(),
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -82,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if not problems and args.hf_check:
         cfg = json.loads((to_verify / "config.json").read_text())
         bf16_dir = to_verify
-        if "quantization_config" in cfg:
+        if "quantization_config" in cfg or cfg.get("model_type") == "gpt_oss":
             bf16_dir = args.twin or to_verify.with_name(to_verify.name + "-bf16twin")
         problems = hf_crosscheck(bf16_dir)
     for p in problems:

@@ -355,8 +355,11 @@ def init_weights(shape: Shape, vocab: int, seed: int) -> dict[str, torch.Tensor]
 # --------------------------------------------------------------------------
 
 
-def train_tokenizer(vocab_target: int) -> Tokenizer:
-    """Byte-level BPE trained on CORPUS (deterministic)."""
+def train_tokenizer(
+    vocab_target: int, special_tokens: list[str] = SPECIAL_TOKENS
+) -> Tokenizer:
+    """Byte-level BPE trained on CORPUS (deterministic); ``special_tokens``
+    get the first ids, in order (the first one is EOS_TOKEN)."""
     from tokenizers import decoders, models, pre_tokenizers, processors
     from tokenizers.trainers import BpeTrainer
 
@@ -367,7 +370,7 @@ def train_tokenizer(vocab_target: int) -> Tokenizer:
     trainer = BpeTrainer(
         vocab_size=vocab_target,
         min_frequency=1,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -377,6 +380,7 @@ def train_tokenizer(vocab_target: int) -> Tokenizer:
 
 def save_tokenizer(tok: Tokenizer, out: Path) -> None:
     tok.save(str(out / "tokenizer.json"))
+    special = [t.content for _, t in sorted(tok.get_added_tokens_decoder().items())]
     added = {
         str(tok.token_to_id(t)): {
             "content": t,
@@ -386,12 +390,12 @@ def save_tokenizer(tok: Tokenizer, out: Path) -> None:
             "single_word": False,
             "special": True,
         }
-        for t in SPECIAL_TOKENS
+        for t in special
     }
     cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,
-        "additional_special_tokens": SPECIAL_TOKENS[1:],
+        "additional_special_tokens": [t for t in special if t != EOS_TOKEN],
         "bos_token": None,
         "eos_token": EOS_TOKEN,
         "pad_token": EOS_TOKEN,

@@ -9,10 +9,11 @@ test tries to serve it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import fp8, int8, mxfp8, wna16
+from . import fp8, gptoss, int8, mxfp8, wna16
 from .common import (
     EOS_TOKEN,
     Codec,
@@ -58,6 +59,15 @@ SCHEMES: dict[str, SchemeWriter] = {
 }
 
 
+# Whole models outside the Qwen3-MoE family (name -> generate(out, seed,
+# twin_dir, shards) -> written dirs): bf16 checkpoints that are quantized
+# online (``--quantization ...``), each written with its twin.  Not in
+# SCHEMES: the e2e suite serves them with their own flags.
+MODELS: dict[str, Callable[[Path, int, Path | None, int], list[Path]]] = {
+    gptoss.SCHEME: gptoss.generate_gptoss,
+}
+
+
 def codec_for(qcfg: dict[str, object]) -> Codec:
     """The codec that reads a config.json ``quantization_config``."""
     codecs = {id(f.codec): f.codec for f in FORMATS.values() if f.codec is not None}
@@ -80,9 +90,12 @@ def generate(
 ) -> list[Path]:
     """Write checkpoint ``scheme`` to ``out`` (and its bf16 twin); returns
     the directories written, the quantized one first."""
+    if scheme in MODELS:
+        return MODELS[scheme](out, seed, twin_dir, shards)
     if scheme not in FORMATS:
         raise KeyError(
-            f"unknown tiny_checkpoint scheme {scheme!r}; known: {sorted(FORMATS)}"
+            f"unknown tiny_checkpoint scheme {scheme!r}; known: "
+            f"{sorted([*FORMATS, *MODELS])}"
         )
     shape = Shape()
     tok = train_tokenizer(shape.vocab_target)

@@ -29,6 +29,7 @@ from .common import (
     shape_from_config,
     weight_spec,
 )
+from .gptoss import MODEL_TYPE as GPT_OSS, hf_crosscheck_gptoss, verify_gptoss
 from .schemes import codec_for
 
 
@@ -101,6 +102,8 @@ def verify(model_dir: Path, twin_dir: Path | None) -> list[str]:
     """Self-check a written checkpoint; returns a list of problems (empty = ok)."""
     problems: list[str] = []
     config = json.loads((model_dir / "config.json").read_text())
+    if config.get("model_type") == GPT_OSS:
+        return verify_gptoss(model_dir, twin_dir)
     tensors = load_tensors(model_dir)
     spec = expected_tensors(config)
     for name in sorted(set(spec) | set(tensors)):
@@ -189,6 +192,8 @@ def hf_crosscheck(model_dir: Path) -> list[str]:
         print("  transformers not installed; skipping HF cross-check")
         return []
     config = json.loads((model_dir / "config.json").read_text())
+    if config.get("model_type") == GPT_OSS:
+        return hf_crosscheck_gptoss(model_dir)
     shape = shape_from_config(config)
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32, local_files_only=True

@@ -2,14 +2,16 @@
 """MXFP8 MoE (MXFP8 oracle, TRITON backend) vs bf16 and block-FP8 on one GPU.
 
 Runs the MXFP8 oracle's TRITON backend (TritonMxfp8Experts: FP8 E4M3 weights
-with E8M0 block-32 scales, activations MX-quantized per token and group of
-32, FP8 tensor cores), the bf16 Triton experts and the 128x128 block-FP8
-Triton experts (TritonExperts) at a Qwen3-30B-A3B MoE layer shape -- 128
-experts, top-8, hidden 2048, intermediate 768 -- and prints per M:
+with E8M0 block-32 scales) on both of its paths -- W8A16 (bf16 activations,
+weights dequantized in registers, bf16 tensor cores) and MX activations
+(quantized per token and group of 32, FP8 tensor cores) -- the bf16 Triton
+experts and the 128x128 block-FP8 Triton experts (TritonExperts) at a
+Qwen3-30B-A3B MoE layer shape -- 128 experts, top-8, hidden 2048,
+intermediate 768 -- and prints per M:
 
-* the MXFP8 output's error against float64 math on the dequantized weights
-  with the activations MX-quantized in front of both GEMMs (what the kernel
-  computes), and against float64 without activation quantization;
+* each path's error against float64 math on the dequantized weights, with
+  the activations as they are (W8A16) or MX-quantized in front of both
+  GEMMs (MX path);
 * the time of the two GEMM kernels per call (profiler device time of the
   fused_moe_kernel* launches) with the routing rotated over ROTATE sets so
   the active experts' weights come from HBM, not L2; and the time of the
@@ -18,8 +20,9 @@ experts, top-8, hidden 2048, intermediate 768 -- and prints per M:
   memory-bound ideal: bytes of the active experts' weights and scales over
   the copy bandwidth measured in the same run.
 
---sweep first times a small grid of MXFP8 Triton configs per M (compiled
-ahead in worker processes) and uses the best one per M for the table.
+--sweep first times a grid of MXFP8 Triton configs of both paths per M
+(compiled ahead in worker processes) and uses the best one per M and path
+for the table; without it, each path's default config.
 
 vLLM's compiled libraries are not needed: int8_moe_gpu.py's stand-ins are
 used, plus a stand-in for the CUDA per_token_group_fp8_quant op that runs
@@ -284,23 +287,50 @@ def quant_us_rotated(calls, iters: int) -> float:
 
 def sweep_configs() -> list[dict]:
     grid = []
-    for bn, bk, st in itertools.product((32, 64, 128), (128, 256), (3, 4, 5)):
-        grid.append(dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=1, num_warps=4, num_stages=st))
-    for bn, bk, st in itertools.product((64, 128), (128, 256), (3, 4)):
-        grid.append(dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                         GROUP_SIZE_M=1, num_warps=4, num_stages=st))
-    for bn, w, st in itertools.product((64, 128, 256), (4, 8), (3, 4)):
-        grid.append(dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128,
-                         GROUP_SIZE_M=8, num_warps=w, num_stages=st))
-    for bn in (128, 256):
-        grid.append(dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=128,
-                         GROUP_SIZE_M=8, num_warps=8, num_stages=3))
+
+    def add(bm, bn, bk, gm=1, w=4, st=3, **kw):
+        grid.append(dict(W8A16=True, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
+                         BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=w,
+                         num_stages=st, **kw))
+
+    for bn, bk, swap, st in itertools.product(
+        (32, 64, 128), (128, 256), (False, True), (3, 4)
+    ):
+        add(16, bn, bk, st=st, SWAP_AB=swap)
+    for bn, swap, st in itertools.product((64, 128), (False, True), (3, 4)):
+        add(32, bn, 128, st=st, SWAP_AB=swap)
+    for bn, bk, w in itertools.product((64, 128, 256), (64, 128), (4, 8)):
+        add(64, bn, bk, gm=8, w=w)
+    for bn, bk in itertools.product((128, 256), (64, 128)):
+        add(128, bn, bk, gm=8, w=8)
+    add(128, 128, 64, gm=8, w=8, st=4)
+    # MX activations: the winners of the sweep of the first version.
+    for bm, bn, bk, gm in ((16, 32, 256, 1), (16, 64, 128, 1),
+                           (64, 64, 128, 8), (64, 128, 128, 8)):
+        grid.append(dict(W8A16=False, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
+                         BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=4,
+                         num_stages=3))
     return grid
+
+
+def mx_default_config(m: int) -> dict:
+    """The MX-activation path's defaults of the first version."""
+    if m <= 8:
+        bm, bn, bk, gm = 16, 32, 256, 1
+    elif m <= 512:
+        bm, bn, bk, gm = 16, 64, 128, 1
+    elif m <= 2048:
+        bm, bn, bk, gm = 64, 64, 128, 8
+    else:
+        bm, bn, bk, gm = 64, 128, 128, 8
+    return dict(W8A16=False, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                GROUP_SIZE_M=gm, num_warps=4, num_stages=3)
 
 
 def config_fits(config: dict, m: int) -> bool:
     bm = config["BLOCK_SIZE_M"]
+    if not config["W8A16"]:
+        return config in (mx_default_config(m), mx_default_config(4 * m))
     if m <= 16:
         return bm == 16
     if m >= 1024:
@@ -366,7 +396,7 @@ def _compile_worker(args) -> int:
     return done
 
 
-def sweep(kernels, ms, device, gen, workers: int) -> dict[int, dict]:
+def sweep(kernels, ms, device, gen, workers: int) -> dict[int, dict[str, dict]]:
     import multiprocessing as mp
 
     grid = sweep_configs()
@@ -380,7 +410,7 @@ def sweep(kernels, ms, device, gen, workers: int) -> dict[int, dict]:
         except Exception as e:  # noqa: BLE001 - compile in the timing loop
             print(f"sweep: compiling ahead failed ({type(e).__name__}: {e})")
     kernel, w1, w2 = kernels["mx"]
-    best: dict[int, dict] = {}
+    best: dict[int, dict[str, dict]] = {}
     for m in ms:
         sets = routing_sets(m, device, gen)
         timed = []
@@ -397,11 +427,14 @@ def sweep(kernels, ms, device, gen, workers: int) -> dict[int, dict]:
                 continue
             timed.append((us, config))
         timed.sort(key=lambda t: t[0])
-        best[m] = timed[0][1]
+        best[m] = {
+            path: next(c for _, c in timed if c["W8A16"] == (path == "w8a16"))
+            for path in ("w8a16", "mx")
+        }
         default_us = gemm_us_rotated([make_call(kernel, w1, w2, s) for s in sets], 2)
         print(f"sweep M={m}: current default config {default_us:.1f} us")
         print(f"sweep M={m}: " + "; ".join(
-            f"{us:.1f} us {json.dumps(c, separators=(',', ':'))}" for us, c in timed[:4]
+            f"{us:.1f} us {json.dumps(c, separators=(',', ':'))}" for us, c in timed[:6]
         ))
     print("tuned = " + json.dumps(best, separators=(",", ":")))
     return best
@@ -439,29 +472,32 @@ def main() -> int:
 
     rows = []
     w13_dq, w2_dq = kernels["mx_dequant"]
+    mx_kernel, mq13, mq2 = kernels["mx"]
     for m in args.m:
         sets = routing_sets(m, device, gen)
-        mx_kernel, mq13, mq2 = kernels["mx"]
-        config = tuned.get(m)
+        configs = tuned.get(m) or dict(w8a16=None, mx=mx_default_config(m))
         x, tw, ti = sets[0]
         r = slice(0, min(m, 64))
-        out = make_call(mx_kernel, mq13, mq2, sets[0], config)().double()[r]
-        ref_mx = reference(x[r], w13_dq, w2_dq, tw[r], ti[r], mx_fake_quant)
-        ref_float = reference(x[r], w13_dq, w2_dq, tw[r], ti[r], lambda t: t)
-        err = (out - ref_mx).abs().max().item()
-        err_float = (out - ref_float).abs().max().item()
-        scale = ref_mx.abs().max().item()
+        ref = {
+            "w8a16": reference(x[r], w13_dq, w2_dq, tw[r], ti[r], lambda t: t),
+            "mx": reference(x[r], w13_dq, w2_dq, tw[r], ti[r], mx_fake_quant),
+        }
+        scale = ref["mx"].abs().max().item()
+        err = {}
+        for path in ("w8a16", "mx"):
+            out = make_call(mx_kernel, mq13, mq2, sets[0], configs[path])()
+            err[path] = (out.double()[r] - ref[path]).abs().max().item()
 
         iters = args.iters if m <= 1024 else 2
         times = {}
-        for name in ("bf16", "block", "mx"):
-            kernel, a, b = kernels[name]
-            cfg = config if name == "mx" else None
+        for name in ("bf16", "block", "w8a16", "mx"):
+            kernel, a, b = kernels["mx" if name in ("w8a16", "mx") else name]
+            cfg = configs.get(name)
             times[name] = gemm_us_rotated(
                 [make_call(kernel, a, b, s, cfg) for s in sets], iters
             )
         quant_us = quant_us_rotated(
-            [make_call(mx_kernel, mq13, mq2, s, config) for s in sets], 1
+            [make_call(mx_kernel, mq13, mq2, s, configs["mx"]) for s in sets], 1
         )
         active = sum(s[2].unique().numel() for s in sets) / ROTATE
         ideal = {
@@ -471,40 +507,45 @@ def main() -> int:
         row = dict(
             m=m,
             active_experts=active,
-            mx_err_vs_mx_ref=err,
-            mx_err_vs_float_ref=err_float,
+            w8a16_err_vs_float_ref=err["w8a16"],
+            mx_err_vs_mx_ref=err["mx"],
             ref_max_abs=scale,
             bf16_gemm_us=times["bf16"],
             block_fp8_gemm_us=times["block"],
+            w8a16_gemm_us=times["w8a16"],
             mx_gemm_us=times["mx"],
             mx_act_quant_us=quant_us,
-            speedup_vs_bf16=times["bf16"] / times["mx"],
-            speedup_vs_block_fp8=times["block"] / times["mx"],
+            w8a16_vs_bf16=times["bf16"] / times["w8a16"],
+            mx_vs_bf16=times["bf16"] / times["mx"],
+            w8a16_vs_block_fp8=times["block"] / times["w8a16"],
             bf16_pct_of_ideal=100 * ideal["bf16"] / times["bf16"],
             block_fp8_pct_of_ideal=100 * ideal["block"] / times["block"],
+            w8a16_pct_of_ideal=100 * ideal["mx"] / times["w8a16"],
             mx_pct_of_ideal=100 * ideal["mx"] / times["mx"],
-            mx_config=config or "default",
-            mx_ok=err <= 2e-2 * scale + 1e-3,
+            configs=configs,
+            # W8A16: bf16 rounding of the intermediate only.
+            w8a16_ok=err["w8a16"] <= 1e-2 * scale + 1e-3,
         )
         rows.append(row)
         print(json.dumps(row))
 
     print()
     print(
-        "| M | active experts | MXFP8 max err vs MX ref / vs float ref (max abs ref) | "
-        "bf16 GEMM µs | block-FP8 GEMM µs | MXFP8 GEMM µs | MXFP8 vs bf16 | "
-        "MXFP8 vs block-FP8 | % of HBM ideal bf16 / block / MXFP8 | MXFP8 act. quant µs |"
+        "| M | bf16 µs | block-FP8 µs | MXFP8 W8A16 µs | MXFP8 MX-act µs | "
+        "W8A16 vs bf16 | MX-act vs bf16 | W8A16 vs block-FP8 | "
+        "% of HBM ideal bf16 / block / W8A16 / MX-act | "
+        "max err W8A16 vs float ref / MX-act vs MX ref (max abs ref) |"
     )
     print("|---:" * 10 + "|")
     for r in rows:
         print(
-            f"| {r['m']} | {r['active_experts']:.1f} | {r['mx_err_vs_mx_ref']:.2e} / "
-            f"{r['mx_err_vs_float_ref']:.2e} ({r['ref_max_abs']:.2f}) | "
-            f"{r['bf16_gemm_us']:.1f} | {r['block_fp8_gemm_us']:.1f} | "
-            f"{r['mx_gemm_us']:.1f} | {r['speedup_vs_bf16']:.2f}x | "
-            f"{r['speedup_vs_block_fp8']:.2f}x | {r['bf16_pct_of_ideal']:.0f} / "
-            f"{r['block_fp8_pct_of_ideal']:.0f} / {r['mx_pct_of_ideal']:.0f} % | "
-            f"{r['mx_act_quant_us']:.1f} |"
+            f"| {r['m']} | {r['bf16_gemm_us']:.1f} | {r['block_fp8_gemm_us']:.1f} | "
+            f"{r['w8a16_gemm_us']:.1f} | {r['mx_gemm_us']:.1f} | "
+            f"{r['w8a16_vs_bf16']:.2f}x | {r['mx_vs_bf16']:.2f}x | "
+            f"{r['w8a16_vs_block_fp8']:.2f}x | {r['bf16_pct_of_ideal']:.0f} / "
+            f"{r['block_fp8_pct_of_ideal']:.0f} / {r['w8a16_pct_of_ideal']:.0f} / "
+            f"{r['mx_pct_of_ideal']:.0f} % | {r['w8a16_err_vs_float_ref']:.2e} / "
+            f"{r['mx_err_vs_mx_ref']:.2e} ({r['ref_max_abs']:.2f}) |"
         )
     if args.out:
         with open(args.out, "w") as f:
@@ -514,7 +555,7 @@ def main() -> int:
                 indent=1,
                 default=str,
             )
-    return 0 if all(r["mx_ok"] for r in rows) else 1
+    return 0 if all(r["w8a16_ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ that the active experts' weights come from memory:
 * ``int4``: CPUExpertsWNA16 (PyTorch's CPU int4 GEMM), symmetric group-128
   int4, and ``int4-zp`` with zero points;
 * ``int8``: CPUExpertsInt8 (int8 W8A8, fused_experts_cpu);
-* ``fp8``: CPUExpertsFp8 (FP8 W8A16 with 128x128 blocks, fused_experts_cpu).
+* ``fp8``: CPUExpertsFp8 (FP8 W8A16) with 128x128 block scales, and
+  ``fp8-tensor``, ``fp8-channel`` with per-tensor and per-channel scales,
+  ``mxfp8`` with E8M0 block-32 scales.
 
 The quantized layers run through the modular kernel as vLLM builds it. The
 schemes take turns call by call on the same inputs (all are in memory at
@@ -205,7 +207,9 @@ def build_int8() -> Scheme:
     return Scheme(_run_modular(kernel, w13, w2), per_expert, path)
 
 
-def build_fp8() -> Scheme:
+def _build_fp8(scales: str) -> Scheme:
+    """FP8 experts with ``scales`` "block" (128x128), "tensor", "channel" or
+    "mxfp8" (E8M0 scales per row and block of 32 along K)."""
     from vllm.model_executor.layers.fused_moe.config import (
         fp8_w8a16_moe_quant_config,
     )
@@ -216,12 +220,26 @@ def build_fp8() -> Scheme:
 
     moe = _moe_config()
     layer = SimpleNamespace(moe_config=moe)
-    block = [128, 128]
     fp8 = torch.float8_e4m3fn
     w13 = (torch.randn(E, 2 * INTER, HIDDEN, dtype=torch.bfloat16) * 8).to(fp8)
     w2 = (torch.randn(E, HIDDEN, INTER, dtype=torch.bfloat16) * 8).to(fp8)
-    s13 = torch.rand(E, 2 * INTER // 128, HIDDEN // 128) / 1000
-    s2 = torch.rand(E, HIDDEN // 128, INTER // 128) / 1000
+    block: list[int] | None
+    if scales == "block":
+        block = [128, 128]
+        s13 = torch.rand(E, 2 * INTER // 128, HIDDEN // 128) / 1000
+        s2 = torch.rand(E, HIDDEN // 128, INTER // 128) / 1000
+    elif scales == "mxfp8":
+        block = [1, 32]
+        s13 = torch.randint(110, 120, (E, 2 * INTER, HIDDEN // 32), dtype=torch.uint8)
+        s2 = torch.randint(110, 120, (E, HIDDEN, INTER // 32), dtype=torch.uint8)
+    elif scales == "channel":
+        block = None
+        s13 = torch.rand(E, 2 * INTER, 1) / 1000
+        s2 = torch.rand(E, HIDDEN, 1) / 1000
+    else:
+        block = None
+        s13 = torch.rand(E) / 1000
+        s2 = torch.rand(E) / 1000
     w13, w2 = prepare_fp8_moe_layer_for_cpu(layer, w13, w2, s13, block)
     quant_config = fp8_w8a16_moe_quant_config(s13, s2, block_shape=block)
     kernel = _modular(CPUExpertsFp8, moe, quant_config)
@@ -230,8 +248,24 @@ def build_fp8() -> Scheme:
         if kernel.fused_experts.fused_block is not None
         else "per-expert"
     )
-    per_expert = 3 * HIDDEN * INTER + 4 * 3 * HIDDEN * INTER // (128 * 128)
+    per_expert = 3 * HIDDEN * INTER + s13[0].nbytes + s2[0].nbytes
     return Scheme(_run_modular(kernel, w13, w2), per_expert, path)
+
+
+def build_fp8() -> Scheme:
+    return _build_fp8("block")
+
+
+def build_fp8_tensor() -> Scheme:
+    return _build_fp8("tensor")
+
+
+def build_fp8_channel() -> Scheme:
+    return _build_fp8("channel")
+
+
+def build_mxfp8() -> Scheme:
+    return _build_fp8("mxfp8")
 
 
 SCHEMES: dict[str, Callable[[], Scheme]] = {
@@ -240,6 +274,9 @@ SCHEMES: dict[str, Callable[[], Scheme]] = {
     "int4-zp": build_int4_zp,
     "int8": build_int8,
     "fp8": build_fp8,
+    "fp8-tensor": build_fp8_tensor,
+    "fp8-channel": build_fp8_channel,
+    "mxfp8": build_mxfp8,
 }
 
 
@@ -306,7 +343,7 @@ def main() -> None:
 
     print()
     print(
-        f"{'scheme':<8} {'M':>4} {'experts':>8} {'us/call':>9} {'(min)':>9} "
+        f"{'scheme':<11} {'M':>4} {'experts':>8} {'us/call':>9} {'(min)':>9} "
         f"{'GB/s':>6} {'vs bf16':>8}"
     )
     for m in args.m:
@@ -315,7 +352,7 @@ def main() -> None:
             gbps = active * schemes[name].bytes_per_expert / (us * 1e-6) / 1e9
             ratio = f"{us / rows['bf16'][0]:.2f}x" if "bf16" in rows else "-"
             print(
-                f"{name:<8} {m:>4} {active:>8.1f} {us:>9.0f} {us_min:>9.0f} "
+                f"{name:<11} {m:>4} {active:>8.1f} {us:>9.0f} {us_min:>9.0f} "
                 f"{gbps:>6.1f} {ratio:>8}",
                 flush=True,
             )

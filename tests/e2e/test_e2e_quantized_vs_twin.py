@@ -54,9 +54,14 @@ CPU kernels, and so the rounding, differ on other ISAs: hence the margins):
   >= T.  o_proj transposed in both layers (square, so it loads; measured, not
   in the suite): (A) fails on 4 prompts (gaps 1.875-2.9375), (B) 84/128.
 
-Time: each server start is ~17-28 s on 2 shared cores (most of it importing
-vLLM twice); every server is started once per module (module-scoped
-fixtures), the twins once each, with --enforce-eager (serve_demo's default).
+Compiled: every server runs the model compiled, as ``vllm serve`` does by
+default (no --enforce-eager), so each MoE backend path runs through
+torch.compile; one server (EAGER_SERVERS) runs eager, so the eager path is
+served too.
+
+Time: each server start is ~17-28 s eager on 2 shared cores (most of it
+importing vLLM twice), plus the compilation (see EAGER_SERVERS); every server
+is started once per module (module-scoped fixtures), the twins once each.
 """
 
 from __future__ import annotations
@@ -102,6 +107,12 @@ def variants() -> list[Variant]:
 EXPLICIT_CPU = {"fp8-block", "w8a8-int8", "gptq-int4"}
 
 
+# (variant, backend) servers run with --enforce-eager; every other server is
+# compiled. fp8-block with --moe-backend cpu: the same kernel as its auto
+# server, which is compiled. Compiling adds COMPILE_COST_NOTE to a start.
+EAGER_SERVERS = {("fp8-block", "cpu")}
+
+
 def _backends(variant: Variant) -> tuple[str, ...]:
     return BACKENDS if variant.name in EXPLICIT_CPU else ("auto",)
 
@@ -145,9 +156,10 @@ def quantized(request, checkpoints, twin_outputs):
     twin_dir = ckpt.model if variant.online else ckpt.twin
     if twin_dir is None:
         pytest.fail(f"scheme {variant.scheme} wrote no bf16 twin")
-    name = f"{variant.name}-{backend}"
+    compiled = (variant.name, backend) not in EAGER_SERVERS
+    name = f"{variant.name}-{backend}" + ("" if compiled else "-eager")
     args = [*variant.serve_args, "--moe-backend", backend]
-    with lib.serve(ckpt.model, args, log_name=name) as url:
+    with lib.serve(ckpt.model, args, log_name=name, compiled=compiled) as url:
         # The twin is served (once per module) only once the quantized model
         # is known to come up; both run at the same time for that moment.
         yield Served(variant, backend, url, twin_outputs(twin_dir), name)

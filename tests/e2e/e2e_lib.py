@@ -193,13 +193,13 @@ def log_path(name: str) -> Path:
 
 @contextlib.contextmanager
 def serve(
-    model: Path, args: Sequence[str] = (), *, log_name: str, compiled: bool = True
+    model: Path, args: Sequence[str] = (), *, log_name: str, compiled: bool = False
 ) -> Iterator[str]:
     """``vllm serve MODEL ARGS`` via serve_demo.running_server; yields the /v1
-    URL.  serve_demo's COMPILED_SERVE_ARGS come first: the model is compiled,
-    as ``vllm serve`` does by default; with compiled=False its
-    DEFAULT_SERVE_ARGS, which add --enforce-eager.  The log goes to
-    build/e2e/logs/LOG_NAME.log."""
+    URL.  serve_demo's DEFAULT_SERVE_ARGS (which include --enforce-eager) come
+    first; with compiled=True its COMPILED_SERVE_ARGS, without
+    --enforce-eager: the model is compiled, as ``vllm serve`` does by
+    default.  The log goes to build/e2e/logs/LOG_NAME.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     defaults = (
         serve_demo.COMPILED_SERVE_ARGS if compiled else serve_demo.DEFAULT_SERVE_ARGS

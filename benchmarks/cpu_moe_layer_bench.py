@@ -12,8 +12,11 @@ that the active experts' weights come from memory:
   pick it, on AMX CPUs with VLLM_CPU_SGL_KERNEL=1);
 * ``int4``: CPUExpertsWNA16 (PyTorch's CPU int4 GEMM), symmetric group-128
   int4, and ``int4-zp`` with zero points;
-* ``int8``: CPUExpertsInt8 (int8 W8A8, fused_experts_cpu);
-* ``fp8``: CPUExpertsFp8 (FP8 W8A16 with 128x128 blocks, fused_experts_cpu).
+* ``int8``: CPUExpertsInt8 (int8 W8A8, fused_experts_cpu), and
+  ``int8-w8a16`` (online int8 experts: per-expert W8A16);
+* ``fp8``: CPUExpertsFp8 (FP8 W8A16) with 128x128 block scales, and
+  ``fp8-tensor``, ``fp8-channel`` with per-tensor and per-channel scales,
+  ``mxfp8`` with E8M0 block-32 scales.
 
 The quantized layers run through the modular kernel as vLLM builds it. The
 schemes take turns call by call on the same inputs (all are in memory at
@@ -32,6 +35,7 @@ Usage, from the repository root with the fork built::
 
     .venv/bin/python benchmarks/cpu_moe_layer_bench.py [--m 1 4 16 64]
         [--schemes bf16 int4 ...] [--iters 20] [--threads N]
+        [--shape tiny] [--compile]
 """
 
 from __future__ import annotations
@@ -51,8 +55,20 @@ from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
 GROUP = 128
 
 
+# --shape tiny: the MoE layer of tools/tiny_checkpoint's models.
+TINY = dict(E=8, TOPK=2, HIDDEN=256, INTER=128)
+
+
 def _moe_config():
-    return moe_layer_config("cpu")
+    return dataclasses.replace(
+        moe_layer_config("cpu"),
+        num_experts=E,
+        experts_per_token=TOPK,
+        hidden_dim=HIDDEN,
+        intermediate_size_per_partition=INTER,
+        num_local_experts=E,
+        num_logical_experts=E,
+    )
 
 
 def _modular(experts_cls, moe, quant_config):
@@ -177,8 +193,19 @@ def build_int4_zp() -> Scheme:
 
 
 def build_int8() -> Scheme:
+    return _build_int8(weight_only=False)
+
+
+def build_int8_w8a16() -> Scheme:
+    return _build_int8(weight_only=True)
+
+
+def _build_int8(weight_only: bool) -> Scheme:
+    """int8 per-channel weights: W8A8 (dynamic per-token activations,
+    compressed-tensors) or W8A16 (online --quantization experts_int8)."""
     from vllm.model_executor.layers.fused_moe.config import (
         int8_w8a8_moe_quant_config,
+        int8_w8a16_moe_quant_config,
     )
     from vllm.model_executor.layers.fused_moe.experts.cpu_int8_moe import (
         CPUExpertsInt8,
@@ -191,21 +218,26 @@ def build_int8() -> Scheme:
     w2 = torch.randint(-127, 128, (E, HIDDEN, INTER), dtype=torch.int8)
     s13 = torch.rand(E, 2 * INTER, 1) / 1000
     s2 = torch.rand(E, HIDDEN, 1) / 1000
-    w13, w2 = prepare_int8_moe_layer_for_cpu(layer, w13, w2)
-    quant_config = int8_w8a8_moe_quant_config(
-        s13, s2, None, None, per_act_token_quant=True
-    )
+    w13, w2 = prepare_int8_moe_layer_for_cpu(layer, w13, w2, weight_only)
+    if weight_only:
+        quant_config = int8_w8a16_moe_quant_config(s13, s2, None, None)
+    else:
+        quant_config = int8_w8a8_moe_quant_config(
+            s13, s2, None, None, per_act_token_quant=True
+        )
     kernel = _modular(CPUExpertsInt8, moe, quant_config)
     path = (
         "fused_experts_cpu W8A8"
         if kernel.fused_experts.use_fused_kernel
-        else "per-expert"
+        else f"per-expert {'W8A16' if weight_only else 'W8A8'}"
     )
     per_expert = 3 * HIDDEN * INTER + 4 * (2 * INTER + HIDDEN)
     return Scheme(_run_modular(kernel, w13, w2), per_expert, path)
 
 
-def build_fp8() -> Scheme:
+def _build_fp8(scales: str) -> Scheme:
+    """FP8 experts with ``scales`` "block" (128x128), "tensor", "channel" or
+    "mxfp8" (E8M0 scales per row and block of 32 along K)."""
     from vllm.model_executor.layers.fused_moe.config import (
         fp8_w8a16_moe_quant_config,
     )
@@ -216,12 +248,26 @@ def build_fp8() -> Scheme:
 
     moe = _moe_config()
     layer = SimpleNamespace(moe_config=moe)
-    block = [128, 128]
     fp8 = torch.float8_e4m3fn
     w13 = (torch.randn(E, 2 * INTER, HIDDEN, dtype=torch.bfloat16) * 8).to(fp8)
     w2 = (torch.randn(E, HIDDEN, INTER, dtype=torch.bfloat16) * 8).to(fp8)
-    s13 = torch.rand(E, 2 * INTER // 128, HIDDEN // 128) / 1000
-    s2 = torch.rand(E, HIDDEN // 128, INTER // 128) / 1000
+    block: list[int] | None
+    if scales == "block":
+        block = [128, 128]
+        s13 = torch.rand(E, 2 * INTER // 128, HIDDEN // 128) / 1000
+        s2 = torch.rand(E, HIDDEN // 128, INTER // 128) / 1000
+    elif scales == "mxfp8":
+        block = [1, 32]
+        s13 = torch.randint(110, 120, (E, 2 * INTER, HIDDEN // 32), dtype=torch.uint8)
+        s2 = torch.randint(110, 120, (E, HIDDEN, INTER // 32), dtype=torch.uint8)
+    elif scales == "channel":
+        block = None
+        s13 = torch.rand(E, 2 * INTER, 1) / 1000
+        s2 = torch.rand(E, HIDDEN, 1) / 1000
+    else:
+        block = None
+        s13 = torch.rand(E) / 1000
+        s2 = torch.rand(E) / 1000
     w13, w2 = prepare_fp8_moe_layer_for_cpu(layer, w13, w2, s13, block)
     quant_config = fp8_w8a16_moe_quant_config(s13, s2, block_shape=block)
     kernel = _modular(CPUExpertsFp8, moe, quant_config)
@@ -230,8 +276,24 @@ def build_fp8() -> Scheme:
         if kernel.fused_experts.fused_block is not None
         else "per-expert"
     )
-    per_expert = 3 * HIDDEN * INTER + 4 * 3 * HIDDEN * INTER // (128 * 128)
+    per_expert = 3 * HIDDEN * INTER + s13[0].nbytes + s2[0].nbytes
     return Scheme(_run_modular(kernel, w13, w2), per_expert, path)
+
+
+def build_fp8() -> Scheme:
+    return _build_fp8("block")
+
+
+def build_fp8_tensor() -> Scheme:
+    return _build_fp8("tensor")
+
+
+def build_fp8_channel() -> Scheme:
+    return _build_fp8("channel")
+
+
+def build_mxfp8() -> Scheme:
+    return _build_fp8("mxfp8")
 
 
 SCHEMES: dict[str, Callable[[], Scheme]] = {
@@ -239,7 +301,11 @@ SCHEMES: dict[str, Callable[[], Scheme]] = {
     "int4": build_int4,
     "int4-zp": build_int4_zp,
     "int8": build_int8,
+    "int8-w8a16": build_int8_w8a16,
     "fp8": build_fp8,
+    "fp8-tensor": build_fp8_tensor,
+    "fp8-channel": build_fp8_channel,
+    "mxfp8": build_mxfp8,
 }
 
 
@@ -285,7 +351,25 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--shape",
+        choices=["qwen3-30b-a3b", "tiny"],
+        default="qwen3-30b-a3b",
+        help="tiny: E=8, top-2, hidden 256, intermediate 128 (tiny_checkpoint)",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="run each scheme under torch.compile(fullgraph=True), as vLLM "
+        "serves by default",
+    )
     args = parser.parse_args()
+    if args.shape == "tiny":
+        globals().update(TINY)
+    if args.compile:
+        # Each scheme is its own function; the workspace manager's first
+        # allocation is guarded on, too.
+        torch._dynamo.config.recompile_limit = 64
 
     from vllm.v1.worker.workspace import init_workspace_manager
 
@@ -295,18 +379,21 @@ def main() -> None:
     torch.manual_seed(0)
     print(
         f"MoE layer E={E} top-{TOPK} hidden={HIDDEN} inter={INTER}, "
-        f"{torch.get_num_threads()} threads, random routing per call, "
+        f"{torch.get_num_threads()} threads, "
+        f"{'compiled' if args.compile else 'eager'}, random routing per call, "
         f"median (and min) of {args.iters} calls"
     )
     schemes = {}
     for name in args.schemes:
         schemes[name] = SCHEMES[name]()
+        if args.compile:
+            schemes[name].run = torch.compile(schemes[name].run, fullgraph=True)
         print(f"{name}: {schemes[name].path}", flush=True)
         gc.collect()
 
     print()
     print(
-        f"{'scheme':<8} {'M':>4} {'experts':>8} {'us/call':>9} {'(min)':>9} "
+        f"{'scheme':<11} {'M':>4} {'experts':>8} {'us/call':>9} {'(min)':>9} "
         f"{'GB/s':>6} {'vs bf16':>8}"
     )
     for m in args.m:
@@ -315,7 +402,7 @@ def main() -> None:
             gbps = active * schemes[name].bytes_per_expert / (us * 1e-6) / 1e9
             ratio = f"{us / rows['bf16'][0]:.2f}x" if "bf16" in rows else "-"
             print(
-                f"{name:<8} {m:>4} {active:>8.1f} {us:>9.0f} {us_min:>9.0f} "
+                f"{name:<11} {m:>4} {active:>8.1f} {us:>9.0f} {us_min:>9.0f} "
                 f"{gbps:>6.1f} {ratio:>8}",
                 flush=True,
             )

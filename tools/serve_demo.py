@@ -42,16 +42,18 @@ HOST = "127.0.0.1"
 # inductor, which dominates start-up for a model this small: on a 2-core box
 # the tiny Qwen3-MoE was ready after ~22-26 s eager vs ~61 s compiled with a
 # cold cache and ~38 s with a warm one, with the same greedy text.  Pass
-# --no-enforce-eager (serve_demo) or other default_args to compile.
-DEFAULT_SERVE_ARGS: tuple[str, ...] = (
+# --no-enforce-eager (serve_demo) or COMPILED_SERVE_ARGS as default_args to
+# compile, as `vllm serve` does by default.
+ENFORCE_EAGER = "--enforce-eager"
+COMPILED_SERVE_ARGS: tuple[str, ...] = (
     "--max-model-len",
     "512",
     "--dtype",
     "bfloat16",
     "--max-num-seqs",
     "16",
-    "--enforce-eager",
 )
+DEFAULT_SERVE_ARGS: tuple[str, ...] = (*COMPILED_SERVE_ARGS, ENFORCE_EAGER)
 
 # Direct access, never through an HTTP proxy from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -264,11 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.moe_backend:
         extra += ["--moe-backend", args.moe_backend]
     extra += passthrough
-    defaults = [
-        a
-        for a in DEFAULT_SERVE_ARGS
-        if not (args.no_enforce_eager and a == "--enforce-eager")
-    ]
+    defaults = COMPILED_SERVE_ARGS if args.no_enforce_eager else DEFAULT_SERVE_ARGS
 
     t0 = time.monotonic()
     try:

@@ -196,13 +196,24 @@ def log_path(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def serve(model: Path, args: Sequence[str] = (), *, log_name: str) -> Iterator[str]:
+def serve(
+    model: Path, args: Sequence[str] = (), *, log_name: str, compiled: bool = False
+) -> Iterator[str]:
     """``vllm serve MODEL ARGS`` via serve_demo.running_server; yields the /v1
     URL.  serve_demo's DEFAULT_SERVE_ARGS (which include --enforce-eager) come
-    first.  The log goes to build/e2e/logs/LOG_NAME.log."""
+    first; with compiled=True its COMPILED_SERVE_ARGS, without
+    --enforce-eager: the model is compiled, as ``vllm serve`` does by
+    default.  The log goes to build/e2e/logs/LOG_NAME.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
+    defaults = (
+        serve_demo.COMPILED_SERVE_ARGS if compiled else serve_demo.DEFAULT_SERVE_ARGS
+    )
     with serve_demo.running_server(
-        model, list(args), log_path=log_path(log_name), ready_timeout_s=READY_TIMEOUT_S
+        model,
+        list(args),
+        log_path=log_path(log_name),
+        ready_timeout_s=READY_TIMEOUT_S,
+        default_args=defaults,
     ) as base_url:
         yield base_url
 

@@ -54,9 +54,17 @@ CPU kernels, and so the rounding, differ on other ISAs: hence the margins):
   >= T.  o_proj transposed in both layers (square, so it loads; measured, not
   in the suite): (A) fails on 4 prompts (gaps 1.875-2.9375), (B) 84/128.
 
-Time: each server start is ~17-28 s on 2 shared cores (most of it importing
-vLLM twice); every server is started once per module (module-scoped
-fixtures), the twins once each, with --enforce-eager (serve_demo's default).
+Compiled: ``vllm serve`` compiles the model by default (no
+--enforce-eager), and the CPU MoE experts must work there too. One server per
+CPU MoE backend path (COMPILED_SERVERS) runs compiled; the others, and the
+twins, run with --enforce-eager to keep the suite's time.
+
+Time: each server start is ~17-28 s eager on 2 shared cores (most of it
+importing vLLM twice); compiling adds ~30-50 s (tiny model on this machine:
+bf16 57 s, compressed-tensors FP8 87-94 s to the first completion compiled,
+42 s eager; vLLM 0.19.1's compile cache does not load back on CPU, so a warm
+cache saves nothing). Every server is started once per module
+(module-scoped fixtures), the twins once each.
 """
 
 from __future__ import annotations
@@ -102,6 +110,19 @@ def variants() -> list[Variant]:
 EXPLICIT_CPU = {"fp8-block", "w8a8-int8", "gptq-int4"}
 
 
+# (variant, backend) servers that run compiled, one per CPU MoE backend path;
+# the others run with --enforce-eager.
+COMPILED_SERVERS = {
+    ("fp8-tensor", "auto"),  # fused_experts_cpu FP8, per-tensor scales
+    ("fp8-block", "auto"),  # fused_experts_cpu FP8, block scales
+    ("fp8-channel-ct", "auto"),  # FP8 per-expert custom op
+    ("mxfp8-modelopt", "auto"),  # FP8 per-expert custom op, E8M0 scales
+    ("w8a8-int8", "auto"),  # fused_experts_cpu int8 W8A8
+    ("online-int8", "auto"),  # INT8 per-expert custom op, W8A16
+    ("gptq-int4", "auto"),  # WNA16 custom op on the int4 GEMM
+}
+
+
 def _backends(variant: Variant) -> tuple[str, ...]:
     return BACKENDS if variant.name in EXPLICIT_CPU else ("auto",)
 
@@ -145,9 +166,10 @@ def quantized(request, checkpoints, twin_outputs):
     twin_dir = ckpt.model if variant.online else ckpt.twin
     if twin_dir is None:
         pytest.fail(f"scheme {variant.scheme} wrote no bf16 twin")
-    name = f"{variant.name}-{backend}"
+    compiled = (variant.name, backend) in COMPILED_SERVERS
+    name = f"{variant.name}-{backend}" + ("-compiled" if compiled else "")
     args = [*variant.serve_args, "--moe-backend", backend]
-    with lib.serve(ckpt.model, args, log_name=name) as url:
+    with lib.serve(ckpt.model, args, log_name=name, compiled=compiled) as url:
         # The twin is served (once per module) only once the quantized model
         # is known to come up; both run at the same time for that moment.
         yield Served(variant, backend, url, twin_outputs(twin_dir), name)
@@ -279,3 +301,10 @@ def test_concurrent_requests(quantized: Served) -> None:
         texts.append(choice.text)
     # Prompt-dependent output, not one degenerate string for everyone.
     assert len(set(texts)) >= len(texts) // 2, texts
+
+
+def test_compiled_servers_are_in_the_suite() -> None:
+    """A COMPILED_SERVERS entry that names no server would leave its
+    backend path uncompiled without a word."""
+    served = {(v.name, b) for v in variants() for b in _backends(v)}
+    assert COMPILED_SERVERS <= served, sorted(COMPILED_SERVERS - served)

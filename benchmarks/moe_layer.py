@@ -33,3 +33,40 @@ def moe_layer_config(device: str, in_dtype: torch.dtype = torch.bfloat16):
         device=device,
         routing_method=RoutingMethodType.TopK,
     )
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a device-to-device copy of 1 GiB (read + write)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * a.numel() * 10 / (start.elapsed_time(end) / 1000)
+
+
+def gemm_us_rotated(calls, iters: int, kernel: str = "fused_moe_kernel") -> float:
+    """Profiler device time of the launches of kernels whose name contains
+    ``kernel``, per call, the calls (one per routing set) replayed in turn."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            for fn in calls:
+                fn()
+        torch.cuda.synchronize()
+    total = sum(
+        evt.device_time
+        for evt in prof.events()
+        if evt.device_type == torch.autograd.DeviceType.CUDA and kernel in evt.name
+    )
+    return total / (iters * len(calls))

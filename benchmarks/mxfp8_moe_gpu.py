@@ -47,8 +47,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from int8_moe_gpu import _install_vllm_stand_ins  # noqa: E402
-from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
-from wna16_moe_gpu import copy_bandwidth, gemm_us_rotated  # noqa: E402
+from moe_layer import (  # noqa: E402
+    E,
+    HIDDEN,
+    INTER,
+    TOPK,
+    copy_bandwidth,
+    gemm_us_rotated,
+    moe_layer_config,
+)
 
 MX = 32
 ROTATE = 16
@@ -263,21 +270,7 @@ def make_call(kernel, w1, w2, s, config=None):
 
 def quant_us_rotated(calls, iters: int) -> float:
     """Profiler device time of the activation quantization kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            for fn in calls:
-                fn()
-        torch.cuda.synchronize()
-    total = sum(
-        evt.device_time
-        for evt in prof.events()
-        if evt.device_type == torch.autograd.DeviceType.CUDA
-        and "per_token_group_quant" in evt.name
-    )
-    return total / (iters * len(calls))
+    return gemm_us_rotated(calls, iters, kernel="per_token_group_quant")
 
 
 # --------------------------------------------------------------------------
@@ -289,9 +282,18 @@ def sweep_configs() -> list[dict]:
     grid = []
 
     def add(bm, bn, bk, gm=1, w=4, st=3, **kw):
-        grid.append(dict(W8A16=True, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
-                         BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=w,
-                         num_stages=st, **kw))
+        grid.append(
+            dict(
+                W8A16=True,
+                BLOCK_SIZE_M=bm,
+                BLOCK_SIZE_N=bn,
+                BLOCK_SIZE_K=bk,
+                GROUP_SIZE_M=gm,
+                num_warps=w,
+                num_stages=st,
+                **kw,
+            )
+        )
 
     for bn, bk, swap, st in itertools.product(
         (32, 64, 128), (128, 256), (False, True), (3, 4)
@@ -305,11 +307,23 @@ def sweep_configs() -> list[dict]:
         add(128, bn, bk, gm=8, w=8)
     add(128, 128, 64, gm=8, w=8, st=4)
     # MX activations: the winners of the sweep of the first version.
-    for bm, bn, bk, gm in ((16, 32, 256, 1), (16, 64, 128, 1),
-                           (64, 64, 128, 8), (64, 128, 128, 8)):
-        grid.append(dict(W8A16=False, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
-                         BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm, num_warps=4,
-                         num_stages=3))
+    for bm, bn, bk, gm in (
+        (16, 32, 256, 1),
+        (16, 64, 128, 1),
+        (64, 64, 128, 8),
+        (64, 128, 128, 8),
+    ):
+        grid.append(
+            dict(
+                W8A16=False,
+                BLOCK_SIZE_M=bm,
+                BLOCK_SIZE_N=bn,
+                BLOCK_SIZE_K=bk,
+                GROUP_SIZE_M=gm,
+                num_warps=4,
+                num_stages=3,
+            )
+        )
     return grid
 
 
@@ -323,8 +337,15 @@ def mx_default_config(m: int) -> dict:
         bm, bn, bk, gm = 64, 64, 128, 8
     else:
         bm, bn, bk, gm = 64, 128, 128, 8
-    return dict(W8A16=False, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
-                GROUP_SIZE_M=gm, num_warps=4, num_stages=3)
+    return dict(
+        W8A16=False,
+        BLOCK_SIZE_M=bm,
+        BLOCK_SIZE_N=bn,
+        BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=gm,
+        num_warps=4,
+        num_stages=3,
+    )
 
 
 def config_fits(config: dict, m: int) -> bool:
@@ -361,9 +382,7 @@ def _compile_worker(args) -> int:
     # and scales near 1, without float temporaries (many workers share the
     # GPU).
     def fp8(*shape):
-        return torch.randint(0, 0x70, shape, dtype=torch.uint8, device=device).view(
-            FP8
-        )
+        return torch.randint(0, 0x70, shape, dtype=torch.uint8, device=device).view(FP8)
 
     def scales(*shape):
         return torch.randint(120, 130, shape, dtype=torch.uint8, device=device)
@@ -406,7 +425,9 @@ def sweep(kernels, ms, device, gen, workers: int) -> dict[int, dict[str, dict]]:
             with ctx.Pool(workers) as pool:
                 chunks = [(grid[i::workers], ms) for i in range(workers)]
                 compiled = sum(pool.map(_compile_worker, chunks))
-            print(f"sweep: {compiled} (config, M) runs compiled ahead in {workers} workers")
+            print(
+                f"sweep: {compiled} (config, M) runs compiled ahead in {workers} workers"
+            )
         except Exception as e:  # noqa: BLE001 - compile in the timing loop
             print(f"sweep: compiling ahead failed ({type(e).__name__}: {e})")
     kernel, w1, w2 = kernels["mx"]
@@ -433,9 +454,13 @@ def sweep(kernels, ms, device, gen, workers: int) -> dict[int, dict[str, dict]]:
         }
         default_us = gemm_us_rotated([make_call(kernel, w1, w2, s) for s in sets], 2)
         print(f"sweep M={m}: current default config {default_us:.1f} us")
-        print(f"sweep M={m}: " + "; ".join(
-            f"{us:.1f} us {json.dumps(c, separators=(',', ':'))}" for us, c in timed[:6]
-        ))
+        print(
+            f"sweep M={m}: "
+            + "; ".join(
+                f"{us:.1f} us {json.dumps(c, separators=(',', ':'))}"
+                for us, c in timed[:6]
+            )
+        )
     print("tuned = " + json.dumps(best, separators=(",", ":")))
     return best
 

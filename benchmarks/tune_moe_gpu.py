@@ -51,6 +51,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from int8_moe_gpu import _install_vllm_stand_ins  # noqa: E402
+from moe_layer import copy_bandwidth  # noqa: E402
 
 # name -> (experts, top-k, hidden, moe intermediate)
 MODELS = {
@@ -476,21 +477,6 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-def _copy_bandwidth() -> float:
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 10 / (start.elapsed_time(end) / 1000)
-
-
 def _default_config(p: Problem, m: int) -> dict:
     """The config the tree on PYTHONPATH picks for this layer by itself."""
     from vllm.model_executor.layers.fused_moe import config as cfg_mod
@@ -518,7 +504,7 @@ def _default_config(p: Problem, m: int) -> dict:
 def bench(args) -> None:
     from vllm.model_executor.layers.fused_moe.fused_moe import get_config_file_name
 
-    bw = _copy_bandwidth()
+    bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)  # fmt: skip
     E, topk, K, N = MODELS[args.model]

@@ -41,7 +41,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from int8_moe_gpu import _install_vllm_stand_ins, reference  # noqa: E402
-from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
+from moe_layer import (  # noqa: E402
+    E,
+    HIDDEN,
+    INTER,
+    TOPK,
+    copy_bandwidth,
+    gemm_us_rotated,
+    moe_layer_config,
+)
 
 GROUP = 128
 ROTATE = 16
@@ -62,44 +70,6 @@ def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     lo, hi = packed & 0xF, packed >> 4
     q = torch.stack([lo, hi], -1).reshape(*packed.shape[:-1], -1).double() - 8
     return q * scale.double().repeat_interleave(GROUP, -1)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a device-to-device copy of 1 GiB (read + write)."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 10 / (start.elapsed_time(end) / 1000)
-
-
-def gemm_us_rotated(calls, iters: int) -> float:
-    """Profiler device time of the fused_moe_kernel launches per call, the
-    calls (one per routing set) replayed in turn."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            for fn in calls:
-                fn()
-        torch.cuda.synchronize()
-    total = sum(
-        evt.device_time
-        for evt in prof.events()
-        if evt.device_type == torch.autograd.DeviceType.CUDA
-        and "fused_moe_kernel" in evt.name
-    )
-    return total / (iters * len(calls))
 
 
 def main() -> int:

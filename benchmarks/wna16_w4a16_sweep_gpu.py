@@ -89,12 +89,18 @@ def _gemm_inputs(num_experts: int, device):
     q2 = torch.randint(
         0, 256, (num_experts, HIDDEN, INTER // 2), dtype=torch.uint8, device=device
     )
-    s13 = torch.rand(num_experts, 2 * INTER, HIDDEN // GROUP, device=device).to(
-        torch.bfloat16
-    ) * 0.01
-    s2 = torch.rand(num_experts, HIDDEN, INTER // GROUP, device=device).to(
-        torch.bfloat16
-    ) * 0.01
+    s13 = (
+        torch.rand(num_experts, 2 * INTER, HIDDEN // GROUP, device=device).to(
+            torch.bfloat16
+        )
+        * 0.01
+    )
+    s2 = (
+        torch.rand(num_experts, HIDDEN, INTER // GROUP, device=device).to(
+            torch.bfloat16
+        )
+        * 0.01
+    )
     return q13, q2, s13, s2
 
 
@@ -172,7 +178,9 @@ def main() -> int:
     chunks = [cfgs[i :: args.workers] for i in range(args.workers)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         done = sum(pool.map(_compile_worker, chunks))
-    print(f"compiled {done}/{len(cfgs)} configs in {time.time() - t0:.0f} s", flush=True)
+    print(
+        f"compiled {done}/{len(cfgs)} configs in {time.time() - t0:.0f} s", flush=True
+    )
 
     from int8_moe_gpu import _moe_align_block_size
 
@@ -214,9 +222,7 @@ def main() -> int:
                 for gemm in (1, 2):
 
                     def run(gemm=gemm, cfg=cfg, bm=bm):
-                        for (x, inter, tw, _), (si, ei, npad) in zip(
-                            sets, aligned[bm]
-                        ):
+                        for (x, inter, tw, _), (si, ei, npad) in zip(sets, aligned[bm]):
                             if gemm == 1:
                                 _launch(1, cfg, x, q13, s13, c1, None, si, ei, npad)
                             else:

@@ -6,7 +6,9 @@ Two modes:
 
 ``tune``
     For one MoE shape (--model) and one scheme (--dtype int8_w8a8, fp8_w8a8
-    with 128x128 weight blocks, or bf16) sweeps a pruned space of Triton
+    with 128x128 weight blocks, int4_w4a16 with group-128 scales (group 32
+    for GPT-OSS-20B, whose 2880 is no multiple of 128) in the WNA16
+    oracle's canonical layout, or bf16) sweeps a pruned space of Triton
     configs per batch size M and writes the winner table as a vLLM config
     file, ``E=..,N=..,device_name=..[,dtype=..][,block_shape=[128,128]].json``
     (M keys -> config dicts), the file name ``get_config_file_name`` of the
@@ -20,7 +22,9 @@ Two modes:
     and the error of each GEMM against float64 math on the dequantized
     weights and quantized activations.
 
-What is timed is what ``TritonExperts`` launches for the two GEMMs: two
+What is timed is what ``TritonExperts`` (``TritonWNA16Experts`` for int4:
+two ``invoke_fused_moe_w4a16_kernel`` calls, including any reordering of
+their inputs) launches for the two GEMMs: two
 ``invoke_fused_moe_triton_kernel`` calls (w13 with top_k, w2 with the
 routing weights), on routing aligned by ``moe_align_block_size`` for the
 config's BLOCK_SIZE_M. The calls for ROTATE routing sets are captured in one
@@ -60,7 +64,9 @@ MODELS = {
     "deepseek-v2-lite": (64, 6, 2048, 1408),
     "gpt-oss-20b": (32, 4, 2880, 2880),
 }
-DTYPES = ("bf16", "int8_w8a8", "fp8_w8a8")
+DTYPES = ("bf16", "int8_w8a8", "fp8_w8a8", "int4_w4a16")
+# int4 group size per model (default 128).
+INT4_GROUP = {"gpt-oss-20b": 32}
 BLOCK = [128, 128]  # fp8 weight blocks
 M_FULL = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 M_BENCH = [1, 16, 64, 256, 1024, 4096]
@@ -81,6 +87,8 @@ class Problem:
         from vllm.platforms import current_platform
 
         self.model, self.dtype = model, dtype
+        # Compile workers need one routing set, not ROTATE (GPU memory).
+        self.rotate = 1 if empty else ROTATE
         self.E, self.topk, self.K, self.N = MODELS[model]
         E, N, K = self.E, self.N, self.K
         dev = "cuda"
@@ -92,7 +100,14 @@ class Problem:
             return w.to(torch.bfloat16)
 
         self.s13 = self.s2 = None
-        if empty:
+        self.group = INT4_GROUP.get(model, 128)
+        if empty and dtype == "int4_w4a16":
+            u8, g = torch.uint8, self.group
+            self.w13 = torch.zeros(E, 2 * N, K // 2, device=dev, dtype=u8)
+            self.w2 = torch.zeros(E, K, N // 2, device=dev, dtype=u8)
+            self.s13 = torch.ones(E, 2 * N, K // g, device=dev, dtype=torch.bfloat16)
+            self.s2 = torch.ones(E, K, N // g, device=dev, dtype=torch.bfloat16)
+        elif empty:
             # Compile workers: right shapes and dtypes, no values.
             wd = {"int8_w8a8": torch.int8, "fp8_w8a8": self.fp8}
             wd = wd.get(dtype, torch.bfloat16)
@@ -115,6 +130,9 @@ class Problem:
         elif dtype == "fp8_w8a8":
             self.w13, self.s13 = _quant_fp8_block(self.w13, self.fp8)
             self.w2, self.s2 = _quant_fp8_block(self.w2, self.fp8)
+        elif dtype == "int4_w4a16":
+            self.w13, self.s13 = _quant_int4(self.w13, self.group)
+            self.w2, self.s2 = _quant_int4(self.w2, self.group)
         self.gen = gen
         self._sets: dict[int, list] = {}
         self._aligned: dict[tuple[int, int], list] = {}
@@ -135,12 +153,19 @@ class Problem:
     def block_shape(self):
         return BLOCK if self.dtype == "fp8_w8a8" else None
 
+    @property
+    def quant_block_shape(self):
+        """The block_shape the quant config carries ([0, group] for int4)."""
+        if self.dtype == "int4_w4a16":
+            return [0, self.group]
+        return self.block_shape
+
     def expert_bytes(self) -> int:
         """Bytes of one expert's weights and scales, both GEMMs."""
         n = self.w13[0].numel() * self.w13.element_size()
         n += self.w2[0].numel() * self.w2.element_size()
         if self.s13 is not None:
-            n += 4 * (self.s13[0].numel() + self.s2[0].numel())
+            n += self.s13.element_size() * (self.s13[0].numel() + self.s2[0].numel())
         return n
 
     def quant_act(self, x: torch.Tensor):
@@ -159,7 +184,7 @@ class Problem:
         """ROTATE (a1, a1_scale, a2, a2_scale, topk_weights, topk_ids)."""
         if m not in self._sets:
             out = []
-            for _ in range(ROTATE):
+            for _ in range(self.rotate):
                 x = torch.randn(m, self.K, device="cuda", generator=self.gen)
                 h = torch.randn(
                     m * self.topk, self.N, device="cuda", generator=self.gen
@@ -191,7 +216,22 @@ def _quant_fp8_block(w, fp8):
     return q, s.reshape(e, n // bn, k // bk).contiguous()
 
 
+def _quant_int4(w, group):
+    """Symmetric int4 per group, the WNA16 oracle's canonical layout: uint8
+    [E, N, K / 2] (low nibble = even k, value q + 8), bf16 scales."""
+    e, n, k = w.shape
+    g = w.float().reshape(e, n, k // group, group)
+    s = g.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 7
+    q = (torch.round(g / s).clamp(-8, 7) + 8).to(torch.uint8).reshape(e, n, k)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()
+    return packed, s.squeeze(-1).to(torch.bfloat16).contiguous()
+
+
 def _dequant(p: Problem, q, s):
+    if p.dtype == "int4_w4a16":
+        lo, hi = q & 0xF, q >> 4
+        v = torch.stack([lo, hi], -1).reshape(*q.shape[:-1], -1).double() - 8
+        return v * s.double().repeat_interleave(p.group, -1)
     if p.dtype == "int8_w8a8":
         return q.double() * s.double()
     if p.dtype == "fp8_w8a8":
@@ -231,6 +271,20 @@ class Runner:
         p = self.p
         a1, a1s, a2, a2s, tw, _ = p.sets(self.m)[i]
         sorted_ids, expert_ids, ntp = self.aligned[i]
+        if p.dtype == "int4_w4a16":
+            from vllm.model_executor.layers.fused_moe.fused_moe_w4a16 import (
+                invoke_fused_moe_w4a16_kernel,
+            )
+
+            invoke_fused_moe_w4a16_kernel(
+                a1, p.w13, self.c1, p.s13, None, None, sorted_ids, expert_ids,
+                ntp, False, p.topk, self.config, p.group,
+            )  # fmt: skip
+            invoke_fused_moe_w4a16_kernel(
+                a2, p.w2, self.c3, p.s2, None, tw, sorted_ids, expert_ids,
+                ntp, True, 1, self.config, p.group,
+            )  # fmt: skip
+            return
         flags = dict(
             compute_type=bfloat16,
             use_fp8_w8a8=p.dtype == "fp8_w8a8",
@@ -297,9 +351,56 @@ class Runner:
 # --------------------------------------------------------------------------
 
 
-def search_space(m: int, p_shape: tuple, dtype: str) -> list[dict]:
+def search_space_int4(m: int, p_shape: tuple, stages: list[int]) -> list[dict]:
+    """fused_moe_kernel_w4a16, pruned by tokens per expert: SWAP_AB (weights
+    as wgmma's register operand) and not, SPLIT_NIBBLES (two dots on A's
+    even / odd K columns) and not; the scale on the fp32 partial product
+    only while memory bound."""
+    E, topk, _, _ = p_shape
+    tpe = m * topk / E
+    swaps = [True]
+    if tpe <= 1:
+        bms, bns, bks, afters, swaps = [16], [32, 64], [128, 256], [True], [True, False]
+        stages = stages[-1:]
+    elif tpe <= 16:
+        bms, bns, bks, afters = [16, 32], [64, 128], [64, 128], [True, False]
+        stages = stages[:1]
+    elif tpe < 48:
+        bms, bns, bks, afters = [32, 64], [128, 256], [64, 128], [False]
+        stages = stages[:1]
+    else:
+        # Compute bound: the nibble split never won here on an H100 (nor
+        # did dequantizing in fp32, a variant tried and dropped).
+        bms = [64, 128, 256] if tpe <= 256 else [128, 256]
+        bns, bks, afters, swaps = [128, 256], [64, 128], [False], [True, False]
+    splits = [True, False] if tpe < 48 else [False]
+    out = []
+    for bm, bn, bk, st, after, swap, split in itertools.product(
+        bms, bns, bks, stages, afters, swaps, splits
+    ):
+        # Shared memory: A tile (bf16) and packed weight tile per stage.
+        if st * (bm * bk * 2 + bn * bk // 2) > SMEM_BYTES:
+            continue
+        if not swap and (bm > 128 or bn > 128):
+            continue
+        if bm == 256 and bn == 256:
+            continue
+        out.append(
+            dict(
+                BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk,
+                GROUP_SIZE_M=8 if tpe >= 2 * bm else 1, SPLIT_K=1,
+                num_warps=8 if bm * bn >= 128 * 128 else 4, num_stages=st,
+                SCALE_AFTER_DOT=after, SWAP_AB=swap, SPLIT_NIBBLES=split,
+            )
+        )  # fmt: skip
+    return out
+
+
+def search_space(m: int, p_shape: tuple, dtype: str, stages=(3, 4, 5)) -> list[dict]:
     E, topk, _, _ = p_shape
     tpe = m * topk / E  # tokens per expert
+    if dtype == "int4_w4a16":
+        return search_space_int4(m, p_shape, list(stages))
     if tpe <= 8:
         bms = [16]
     elif tpe <= 24:
@@ -325,10 +426,8 @@ def search_space(m: int, p_shape: tuple, dtype: str) -> list[dict]:
         bks = [64, 128]
     esize = 2 if dtype == "bf16" else 1
     out = []
-    for bm, bn, bk, warps, stages in itertools.product(
-        bms, bns, bks, [4, 8], [3, 4, 5]
-    ):
-        if stages * (bm * bk + bk * bn) * esize > SMEM_BYTES:
+    for bm, bn, bk, warps, st in itertools.product(bms, bns, bks, [4, 8], stages):
+        if st * (bm * bk + bk * bn) * esize > SMEM_BYTES:
             continue
         if warps == 8 and bm * bn < 64 * 64:
             continue
@@ -343,7 +442,7 @@ def search_space(m: int, p_shape: tuple, dtype: str) -> list[dict]:
                     GROUP_SIZE_M=gm,
                     SPLIT_K=1,
                     num_warps=warps,
-                    num_stages=stages,
+                    num_stages=st,
                 )
             )
     return out
@@ -411,7 +510,7 @@ def tune(args) -> None:
     E, topk, K, N = shape
     p = Problem(args.model, args.dtype)
     ms = args.m or M_FULL
-    spaces = {m: search_space(m, shape, args.dtype) for m in ms}
+    spaces = {m: search_space(m, shape, args.dtype, args.stages) for m in ms}
     jobs = [(m, c) for m in ms for c in spaces[m]]
     t0 = time.time()
     bad = compile_ahead(args.model, args.dtype, jobs, args.workers)
@@ -438,7 +537,7 @@ def tune(args) -> None:
             continue
         # Re-time the leaders longer; keep the fastest.
         final = sorted(
-            ((Runner(p, m, c).time_us(10), c) for _, c in timed[:6]),
+            ((Runner(p, m, c).time_us(10), c) for _, c in timed[: args.retime]),
             key=lambda t: t[0],
         )
         us, cfg = final[0]
@@ -455,7 +554,7 @@ def tune(args) -> None:
             flush=True,
         )
     dtype_name = None if args.dtype == "bf16" else args.dtype
-    name = get_config_file_name(
+    name = get_config_file_name(  # int4: no block_shape in the name
         E, N, dtype_name, BLOCK if args.dtype == "fp8_w8a8" else None
     )
     os.makedirs(args.out_dir, exist_ok=True)
@@ -492,6 +591,20 @@ def _default_config(p: Problem, m: int) -> dict:
     elif p.dtype == "fp8_w8a8":
         qc = cfg_mod.fp8_w8a8_moe_quant_config(p.s13, p.s2, block_shape=BLOCK)
         name = qc.config_name(p.fp8)
+    elif p.dtype == "int4_w4a16":
+        from vllm.model_executor.layers.fused_moe.fused_moe_w4a16 import (
+            get_w4a16_moe_default_config,
+        )
+
+        # What TritonWNA16Experts picks for its Triton kernel: the tuned
+        # file, else the kernel's own defaults.
+        cfg = try_get_optimal_moe_config(
+            p.w13.size(), p.w2.size(), p.topk, "int4_w4a16", m,
+            p.quant_block_shape,
+        )  # fmt: skip
+        if not ("BLOCK_SIZE_N" in cfg and "BLOCK_SIZE_K" in cfg):
+            cfg = get_w4a16_moe_default_config(m, p.E, p.topk)
+        return dict(cfg)
     else:
         name = cfg_mod.FUSED_MOE_UNQUANTIZED_CONFIG.config_name(torch.bfloat16)
     return dict(
@@ -562,6 +675,8 @@ def main() -> int:
     t.add_argument("--m", type=int, nargs="+")
     t.add_argument("--out-dir", default="tuned")
     t.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    t.add_argument("--stages", type=int, nargs="+", default=[3, 4, 5])
+    t.add_argument("--retime", type=int, default=6, help="leaders re-timed")
     b = sub.add_parser("bench")
     b.add_argument("--model", choices=MODELS, default="qwen3-30b-a3b")
     b.add_argument("--m", type=int, nargs="+")

@@ -14,7 +14,11 @@ count is printed):
   layout it uses when the shape is not a multiple of 32 or the CPU has no
   AVX512-BF16);
 * ``_scaled_mm``: ``PerTensorTorchFP8ScaledMMLinearKernel``, what CPU
-  selected before (FP8 activations, static scale), fewer repeats.
+  selected before (FP8 activations, static scale), fewer repeats;
+* with ``--compiled``: ``fp8 cpu`` under ``torch.compile(fullgraph=True,
+  dynamic=True)`` (vLLM compiles the model with Inductor on CPU by default)
+  and the block-scaled FP8 linear (``W8A8BlockFp8LinearOp``, 128x128
+  blocks) eager and compiled.
 
 ``--cold`` rotates through enough copies of each weight to exceed the last
 level cache (so weights come from DRAM, as in a real model) instead of
@@ -47,8 +51,12 @@ SHAPES = {
 }
 
 
+STAT = statistics.median
+
+
 def _time(fn, calls: int, repeats: int) -> float:
-    """Median microseconds per call of fn(i) over `repeats` calls."""
+    """Median (or with --stat min, minimum) microseconds per call of fn(i)
+    over `repeats` calls."""
     for i in range(2):
         fn(i % calls)
     times = []
@@ -56,7 +64,7 @@ def _time(fn, calls: int, repeats: int) -> float:
         t0 = time.perf_counter()
         fn(i % calls)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return STAT(times) * 1e6
 
 
 def _fp8_layers(kernel_cls, n: int, k: int, copies: int, pack: bool):
@@ -108,6 +116,36 @@ def _bf16_layers(dense: torch.Tensor, copies: int):
     return layers
 
 
+def _compiled_fns(kernel, packed, n: int, k: int, copies: int):
+    """fp8 cpu under torch.compile, and the 128x128 block-FP8 linear eager
+    and compiled, each as fn(i, x)."""
+    from vllm.model_executor.layers.quantization.utils.fp8_utils import (
+        W8A8BlockFp8LinearOp,
+    )
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        GroupShape,
+    )
+
+    gen = torch.Generator().manual_seed(1)
+    block = 128
+    weights = []
+    for _ in range(copies):
+        w = torch.randn(n, k, generator=gen).to(torch.float8_e4m3fn)
+        scale = torch.rand(-(-n // block), -(-k // block), generator=gen) * 1e-2
+        weights.append((w, scale))
+    op = W8A8BlockFp8LinearOp(GroupShape(block, block), GroupShape(1, block))
+
+    def block_fp8(i, x):
+        return op.apply(x, *weights[i])
+
+    def fp8(i, x):
+        return kernel.apply_weights(packed[i], x)
+
+    compiled_fp8 = torch.compile(fp8, fullgraph=True, dynamic=True)
+    compiled_block = torch.compile(block_fp8, fullgraph=True, dynamic=True)
+    return compiled_fp8, block_fp8, compiled_block
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
@@ -127,7 +165,20 @@ def main(argv: list[str] | None = None) -> int:
         help="torch threads (default: torch's); on a loaded machine 1 thread "
         "is less disturbed by other processes than several",
     )
+    parser.add_argument(
+        "--stat",
+        choices=["median", "min"],
+        default="median",
+        help="min is steadier than the median on a machine shared with others",
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time fp8 cpu under torch.compile and the block-FP8 linear",
+    )
     args = parser.parse_args(argv)
+    global STAT
+    STAT = min if args.stat == "min" else statistics.median
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -141,15 +192,20 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"nproc {os.cpu_count()}, loadavg {os.getloadavg()[0]:.2f}, "
         f"{'cold (weights rotated past ' + str(args.cache_mib) + ' MiB)' if args.cold else 'hot (one weight, in cache)'}, "
-        f"median of {args.repeats} calls (_scaled_mm: {args.scaled_mm_repeats})",
+        f"{args.stat} of {args.repeats} calls (_scaled_mm: {args.scaled_mm_repeats})",
         flush=True,
     )
     print()
+    extra = (
+        " fp8 cpu compiled us | block fp8 us | block fp8 compiled us |"
+        if args.compiled
+        else ""
+    )
     print(
         "| shape [N, K] | M | bf16 us | fp8 cpu us | x bf16 | fp8 cpu unpacked us "
-        "| _scaled_mm us | x fp8 cpu |"
+        "| _scaled_mm us | x fp8 cpu |" + extra
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (3 * args.compiled))
     with set_current_vllm_config(VllmConfig()):
         for name in args.shapes or list(SHAPES):
             n, k = SHAPES[name]
@@ -166,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                 PerTensorTorchFP8ScaledMMLinearKernel, n, k, 1, pack=False
             )
             bf16 = _bf16_layers(dense, copies)
+            if args.compiled:
+                compiled_fp8, block_fp8, compiled_block = _compiled_fns(
+                    kernel, packed, n, k, copies
+                )
             for m in args.m:
                 x = torch.randn(m, k).to(torch.bfloat16)
                 out_bf16 = bf16[0].cpu_linear(x, bf16[0].weight, None)
@@ -193,10 +253,17 @@ def main(argv: list[str] | None = None) -> int:
                     1,
                     args.scaled_mm_repeats,
                 )
+                cols = ""
+                if args.compiled:
+                    times = [
+                        _time(lambda i: fn(i, x), copies, args.repeats)
+                        for fn in (compiled_fp8, block_fp8, compiled_block)
+                    ]
+                    cols = "".join(f" {t:.0f} |" for t in times)
                 print(
                     f"| {name} [{n}, {k}] | {m} | {t_bf16:.0f} | {t_fp8:.0f} | "
                     f"{t_fp8 / t_bf16:.2f} | {t_unpacked:.0f} | {t_ref:.0f} | "
-                    f"{t_ref / t_fp8:.0f} |",
+                    f"{t_ref / t_fp8:.0f} |" + cols,
                     flush=True,
                 )
     return 0

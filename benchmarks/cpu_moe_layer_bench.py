@@ -54,6 +54,10 @@ from moe_layer import E, HIDDEN, INTER, TOPK, moe_layer_config  # noqa: E402
 
 GROUP = 128
 
+# The per-expert ops of the FP8 and int8 W8A16 experts run the generated
+# GEMV kernel (cpu_moe_gemv) up to its GEMV_MAX_TOKENS tokens.
+_GEMV_OR_PER_EXPERT = "generated GEMV (small M), else per-expert"
+
 
 # --shape tiny: the MoE layer of tools/tiny_checkpoint's models.
 TINY = dict(E=8, TOPK=2, HIDDEN=256, INTER=128)
@@ -229,7 +233,9 @@ def _build_int8(weight_only: bool) -> Scheme:
     path = (
         "fused_experts_cpu W8A8"
         if kernel.fused_experts.use_fused_kernel
-        else f"per-expert {'W8A16' if weight_only else 'W8A8'}"
+        else _GEMV_OR_PER_EXPERT
+        if weight_only
+        else "per-expert W8A8"
     )
     per_expert = 3 * HIDDEN * INTER + 4 * (2 * INTER + HIDDEN)
     return Scheme(_run_modular(kernel, w13, w2), per_expert, path)
@@ -274,7 +280,7 @@ def _build_fp8(scales: str) -> Scheme:
     path = (
         "fused_experts_cpu FP8 W8A16"
         if kernel.fused_experts.fused_block is not None
-        else "per-expert"
+        else _GEMV_OR_PER_EXPERT
     )
     per_expert = 3 * HIDDEN * INTER + s13[0].nbytes + s2[0].nbytes
     return Scheme(_run_modular(kernel, w13, w2), per_expert, path)

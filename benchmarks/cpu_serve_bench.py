@@ -232,14 +232,20 @@ def failed_row(name: str, err: BaseException) -> Row:
     return Row(name, float("nan"), float("nan"), [], float("nan"), [], detail)
 
 
-def bench_one(name: str, args: argparse.Namespace) -> Row:
-    scheme, flags = MODELS[name]
-    path = ensure_checkpoint(scheme)
-    defaults = [
+def _serve_args(args: argparse.Namespace) -> list[str]:
+    """The serve arguments every scheme gets (without --enforce-eager when
+    --compile is given)."""
+    return [
         a
         for a in serve_demo.DEFAULT_SERVE_ARGS
         if not (args.compile and a == "--enforce-eager")
     ]
+
+
+def bench_one(name: str, args: argparse.Namespace) -> Row:
+    scheme, flags = MODELS[name]
+    path = ensure_checkpoint(scheme)
+    defaults = _serve_args(args)
     log = REPO / "build" / "bench" / f"serve-{name}.log"
     t0 = time.perf_counter()
     with serve_demo.running_server(
@@ -319,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batch1_requests} sequential requests, concurrency={args.concurrency}, "
         f"median of {args.repeats}, "
         f"{'compiled' if args.compile else '--enforce-eager'}, "
-        f"serve args {' '.join(serve_demo.DEFAULT_SERVE_ARGS)}",
+        f"serve args {' '.join(_serve_args(args))}",
         flush=True,
     )
     rows = []

@@ -58,6 +58,14 @@ from moe_layer import (  # noqa: E402
 )
 
 MX = 32
+# The MX-activation path's tiles (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M) of the
+# first version, by largest M: the winners of its sweep.
+_MX_TILES = (
+    (8, (16, 32, 256, 1)),
+    (512, (16, 64, 128, 1)),
+    (2048, (64, 64, 128, 8)),
+    (float("inf"), (64, 128, 128, 8)),
+)
 ROTATE = 16
 FP8 = torch.float8_e4m3fn
 
@@ -307,36 +315,11 @@ def sweep_configs() -> list[dict]:
         add(128, bn, bk, gm=8, w=8)
     add(128, 128, 64, gm=8, w=8, st=4)
     # MX activations: the winners of the sweep of the first version.
-    for bm, bn, bk, gm in (
-        (16, 32, 256, 1),
-        (16, 64, 128, 1),
-        (64, 64, 128, 8),
-        (64, 128, 128, 8),
-    ):
-        grid.append(
-            dict(
-                W8A16=False,
-                BLOCK_SIZE_M=bm,
-                BLOCK_SIZE_N=bn,
-                BLOCK_SIZE_K=bk,
-                GROUP_SIZE_M=gm,
-                num_warps=4,
-                num_stages=3,
-            )
-        )
+    grid.extend(_mx_config(*tile) for _, tile in _MX_TILES)
     return grid
 
 
-def mx_default_config(m: int) -> dict:
-    """The MX-activation path's defaults of the first version."""
-    if m <= 8:
-        bm, bn, bk, gm = 16, 32, 256, 1
-    elif m <= 512:
-        bm, bn, bk, gm = 16, 64, 128, 1
-    elif m <= 2048:
-        bm, bn, bk, gm = 64, 64, 128, 8
-    else:
-        bm, bn, bk, gm = 64, 128, 128, 8
+def _mx_config(bm: int, bn: int, bk: int, gm: int) -> dict:
     return dict(
         W8A16=False,
         BLOCK_SIZE_M=bm,
@@ -346,6 +329,11 @@ def mx_default_config(m: int) -> dict:
         num_warps=4,
         num_stages=3,
     )
+
+
+def mx_default_config(m: int) -> dict:
+    """The MX-activation path's defaults of the first version."""
+    return _mx_config(*next(tile for max_m, tile in _MX_TILES if m <= max_m))
 
 
 def config_fits(config: dict, m: int) -> bool:

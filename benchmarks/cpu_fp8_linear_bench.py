@@ -8,11 +8,12 @@ count is printed):
 * ``bf16``: the bf16 weight through vLLM's CPU unquantized GEMM
   (``dispatch_cpu_unquantized_gemm``: oneDNN with a prepacked weight here, or
   the CPU library's packed GEMM where vLLM picks it), what a bf16 model runs;
-* ``fp8 cpu``: ``CPUFP8ScaledMMLinearKernel`` (FP8 weight in memory, widened
-  per call, bf16 GEMM), as ``Fp8LinearMethod`` sets it up on CPU;
-* ``fp8 cpu unpacked``: the same kernel with the weight left [K, N] (the
-  layout it uses when the shape is not a multiple of 32 or the CPU has no
-  AVX512-BF16);
+* ``fp8 cpu``: ``CPUFP8ScaledMMLinearKernel`` (FP8 weight in memory), as
+  ``Fp8LinearMethod`` sets it up on CPU: the generated GEMV kernel
+  (``cpu_fp8_gemv``) up to its ``GEMV_MAX_ROWS`` tokens, else the weight
+  widened per call and a bf16 GEMM;
+* ``fp8 widen+GEMM``: the same kernel with the GEMV turned off (the path
+  above ``GEMV_MAX_ROWS`` tokens, and the one before the GEMV existed);
 * ``_scaled_mm``: ``PerTensorTorchFP8ScaledMMLinearKernel``, what CPU
   selected before (FP8 activations, static scale), fewer repeats;
 * with ``--compiled``: ``fp8 cpu`` under ``torch.compile(fullgraph=True,
@@ -36,6 +37,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -67,7 +69,19 @@ def _time(fn, calls: int, repeats: int) -> float:
     return STAT(times) * 1e6
 
 
-def _fp8_layers(kernel_cls, n: int, k: int, copies: int, pack: bool):
+@contextlib.contextmanager
+def _gemv_off():
+    from vllm.model_executor.layers.quantization.utils import cpu_fp8_gemv
+
+    saved = cpu_fp8_gemv.GEMV_MAX_ROWS
+    cpu_fp8_gemv.GEMV_MAX_ROWS = 0
+    try:
+        yield
+    finally:
+        cpu_fp8_gemv.GEMV_MAX_ROWS = saved
+
+
+def _fp8_layers(kernel_cls, n: int, k: int, copies: int, process: bool):
     from vllm.model_executor.kernels.linear import FP8ScaledMMLinearLayerConfig
     from vllm.model_executor.layers.quantization.utils.quant_utils import (
         kFp8StaticTensorSym,
@@ -96,7 +110,7 @@ def _fp8_layers(kernel_cls, n: int, k: int, copies: int, pack: bool):
             torch.tensor(0.02, dtype=torch.float32), requires_grad=False
         )
         layer.input_scale_ub = None
-        if pack:
+        if process:
             kernel.process_weights_after_loading(layer)
         layers.append(layer)
         if dense is None:
@@ -116,7 +130,7 @@ def _bf16_layers(dense: torch.Tensor, copies: int):
     return layers
 
 
-def _compiled_fns(kernel, packed, n: int, k: int, copies: int):
+def _compiled_fns(kernel, fp8_layers, n: int, k: int, copies: int):
     """fp8 cpu under torch.compile, and the 128x128 block-FP8 linear eager
     and compiled, each as fn(i, x)."""
     from vllm.model_executor.layers.quantization.utils.fp8_utils import (
@@ -139,7 +153,7 @@ def _compiled_fns(kernel, packed, n: int, k: int, copies: int):
         return op.apply(x, *weights[i])
 
     def fp8(i, x):
-        return kernel.apply_weights(packed[i], x)
+        return kernel.apply_weights(fp8_layers[i], x)
 
     compiled_fp8 = torch.compile(fp8, fullgraph=True, dynamic=True)
     compiled_block = torch.compile(block_fp8, fullgraph=True, dynamic=True)
@@ -202,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         else ""
     )
     print(
-        "| shape [N, K] | M | bf16 us | fp8 cpu us | x bf16 | fp8 cpu unpacked us "
+        "| shape [N, K] | M | bf16 us | fp8 cpu us | x bf16 | fp8 widen+GEMM us "
         "| _scaled_mm us | x fp8 cpu |" + extra
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * (3 * args.compiled))
@@ -212,26 +226,24 @@ def main(argv: list[str] | None = None) -> int:
             copies = 1
             if args.cold:
                 copies = max(1, -(-args.cache_mib * 2**20 // (2 * n * k)))
-            kernel, packed, dense = _fp8_layers(
-                CPUFP8ScaledMMLinearKernel, n, k, copies, pack=True
-            )
-            _, unpacked, _ = _fp8_layers(
-                CPUFP8ScaledMMLinearKernel, n, k, copies, pack=False
+            kernel, fp8_layers, dense = _fp8_layers(
+                CPUFP8ScaledMMLinearKernel, n, k, copies, process=True
             )
             ref_kernel, ref_layers, _ = _fp8_layers(
-                PerTensorTorchFP8ScaledMMLinearKernel, n, k, 1, pack=False
+                PerTensorTorchFP8ScaledMMLinearKernel, n, k, 1, process=False
             )
             bf16 = _bf16_layers(dense, copies)
             if args.compiled:
                 compiled_fp8, block_fp8, compiled_block = _compiled_fns(
-                    kernel, packed, n, k, copies
+                    kernel, fp8_layers, n, k, copies
                 )
             for m in args.m:
                 x = torch.randn(m, k).to(torch.bfloat16)
                 out_bf16 = bf16[0].cpu_linear(x, bf16[0].weight, None)
-                out_fp8 = kernel.apply_weights(packed[0], x)
-                out_unpacked = kernel.apply_weights(unpacked[0], x)
-                for out in (out_fp8, out_unpacked):
+                out_fp8 = kernel.apply_weights(fp8_layers[0], x)
+                with _gemv_off():
+                    out_widened = kernel.apply_weights(fp8_layers[0], x)
+                for out in (out_fp8, out_widened):
                     err = (out.float() - out_bf16.float()).abs().max().item()
                     if err > 2e-2 * out_bf16.float().abs().max().item():
                         raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
@@ -241,13 +253,16 @@ def main(argv: list[str] | None = None) -> int:
                     args.repeats,
                 )
                 t_fp8 = _time(
-                    lambda i: kernel.apply_weights(packed[i], x), copies, args.repeats
-                )
-                t_unpacked = _time(
-                    lambda i: kernel.apply_weights(unpacked[i], x),
+                    lambda i: kernel.apply_weights(fp8_layers[i], x),
                     copies,
                     args.repeats,
                 )
+                with _gemv_off():
+                    t_widened = _time(
+                        lambda i: kernel.apply_weights(fp8_layers[i], x),
+                        copies,
+                        args.repeats,
+                    )
                 t_ref = _time(
                     lambda i: ref_kernel.apply_weights(ref_layers[0], x),
                     1,
@@ -262,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                     cols = "".join(f" {t:.0f} |" for t in times)
                 print(
                     f"| {name} [{n}, {k}] | {m} | {t_bf16:.0f} | {t_fp8:.0f} | "
-                    f"{t_fp8 / t_bf16:.2f} | {t_unpacked:.0f} | {t_ref:.0f} | "
+                    f"{t_fp8 / t_bf16:.2f} | {t_widened:.0f} | {t_ref:.0f} | "
                     f"{t_ref / t_fp8:.0f} |" + cols,
                     flush=True,
                 )

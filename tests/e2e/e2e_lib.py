@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,13 +197,19 @@ def log_path(name: str) -> Path:
 
 @contextlib.contextmanager
 def serve(
-    model: Path, args: Sequence[str] = (), *, log_name: str, compiled: bool = False
+    model: Path,
+    args: Sequence[str] = (),
+    *,
+    log_name: str,
+    compiled: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """``vllm serve MODEL ARGS`` via serve_demo.running_server; yields the /v1
     URL.  serve_demo's DEFAULT_SERVE_ARGS (which include --enforce-eager) come
     first; with compiled=True its COMPILED_SERVE_ARGS, without
     --enforce-eager: the model is compiled, as ``vllm serve`` does by
-    default.  The log goes to build/e2e/logs/LOG_NAME.log."""
+    default.  ``env`` is added to the server's environment.  The log goes to
+    build/e2e/logs/LOG_NAME.log."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     defaults = (
         serve_demo.COMPILED_SERVE_ARGS if compiled else serve_demo.DEFAULT_SERVE_ARGS
@@ -214,6 +220,7 @@ def serve(
         log_path=log_path(log_name),
         ready_timeout_s=READY_TIMEOUT_S,
         default_args=defaults,
+        env=None if env is None else {**os.environ, **env},
     ) as base_url:
         yield base_url
 

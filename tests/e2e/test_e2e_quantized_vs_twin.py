@@ -113,13 +113,26 @@ EXPLICIT_CPU = {"fp8-block", "w8a8-int8", "gptq-int4"}
 # (variant, backend) servers that run compiled, one per CPU MoE backend path;
 # the others run with --enforce-eager.
 COMPILED_SERVERS = {
-    ("fp8-tensor", "auto"),  # fused_experts_cpu FP8, per-tensor scales
-    ("fp8-block", "auto"),  # fused_experts_cpu FP8, block scales
+    ("fp8-tensor", "auto"),  # FP8 per-expert custom op, per-tensor scales
+    ("fp8-block", "auto"),  # FP8 per-expert custom op, block scales
+    ("fp8-block", "cpu"),  # fused_experts_cpu FP8 (VLLM_CPU_SGL_KERNEL=1)
     ("fp8-channel-ct", "auto"),  # FP8 per-expert custom op
     ("mxfp8-modelopt", "auto"),  # FP8 per-expert custom op, E8M0 scales
     ("w8a8-int8", "auto"),  # fused_experts_cpu int8 W8A8
     ("online-int8", "auto"),  # INT8 per-expert custom op, W8A16
     ("gptq-int4", "auto"),  # WNA16 custom op on the int4 GEMM
+}
+
+
+# Servers run with VLLM_CPU_SGL_KERNEL=1: FP8 per-tensor and block experts
+# then take fused_experts_cpu instead of the default per-expert custom op.
+SGL_KERNEL_SERVERS = {("fp8-block", "cpu")}
+
+# (variant, backend) -> a line its server log must have: the MoE path taken.
+EXPECTED_MOE_PATH = {
+    ("fp8-block", "auto"): "CPU FP8 MoE: FP8 weights with bf16 activations (W8A16) "
+    "through the generated GEMV kernel",
+    ("fp8-block", "cpu"): "CPU FP8 MoE: fused_experts_cpu with FP8 weights",
 }
 
 
@@ -167,9 +180,15 @@ def quantized(request, checkpoints, twin_outputs):
     if twin_dir is None:
         pytest.fail(f"scheme {variant.scheme} wrote no bf16 twin")
     compiled = (variant.name, backend) in COMPILED_SERVERS
-    name = f"{variant.name}-{backend}" + ("-compiled" if compiled else "")
+    sgl = (variant.name, backend) in SGL_KERNEL_SERVERS
+    name = (
+        f"{variant.name}-{backend}"
+        + ("-compiled" if compiled else "")
+        + ("-sgl" if sgl else "")
+    )
     args = [*variant.serve_args, "--moe-backend", backend]
-    with lib.serve(ckpt.model, args, log_name=name, compiled=compiled) as url:
+    env = {"VLLM_CPU_SGL_KERNEL": "1"} if sgl else {"VLLM_CPU_SGL_KERNEL": "0"}
+    with lib.serve(ckpt.model, args, log_name=name, compiled=compiled, env=env) as url:
         # The twin is served (once per module) only once the quantized model
         # is known to come up; both run at the same time for that moment.
         yield Served(variant, backend, url, twin_outputs(twin_dir), name)
@@ -243,6 +262,18 @@ def test_greedy_matches_twin(quantized: Served) -> None:
     assert verdict.ok, f"{quantized.name} vs twin:\n{verdict.report()}"
 
 
+def test_moe_path_is_the_expected_one(quantized: Served) -> None:
+    """The servers meant to cover one MoE path (the default per-expert op or
+    fused_experts_cpu under VLLM_CPU_SGL_KERNEL=1) took it."""
+    key = (quantized.variant.name, quantized.backend)
+    if key not in EXPECTED_MOE_PATH:
+        pytest.skip("no MoE path expectation for this server")
+    log = lib.log_path(quantized.name).read_text(errors="replace")
+    assert EXPECTED_MOE_PATH[key] in log, (
+        f"{quantized.name}: no {EXPECTED_MOE_PATH[key]!r} in its log"
+    )
+
+
 # 16 distinct fixed prompts for the concurrency test.
 CONCURRENT_PROMPTS = (
     *lib.PROMPTS,
@@ -308,3 +339,5 @@ def test_compiled_servers_are_in_the_suite() -> None:
     backend path uncompiled without a word."""
     served = {(v.name, b) for v in variants() for b in _backends(v)}
     assert COMPILED_SERVERS <= served, sorted(COMPILED_SERVERS - served)
+    assert SGL_KERNEL_SERVERS <= served, sorted(SGL_KERNEL_SERVERS - served)
+    assert set(EXPECTED_MOE_PATH) <= served, sorted(set(EXPECTED_MOE_PATH) - served)

@@ -16,7 +16,10 @@ that the active experts' weights come from memory:
   ``int8-w8a16`` (online int8 experts: per-expert W8A16);
 * ``fp8``: CPUExpertsFp8 (FP8 W8A16) with 128x128 block scales, and
   ``fp8-tensor``, ``fp8-channel`` with per-tensor and per-channel scales,
-  ``mxfp8`` with E8M0 block-32 scales.
+  ``mxfp8`` with E8M0 block-32 scales; ``fp8-sgl`` and ``fp8-tensor-sgl``
+  are block and per-tensor FP8 built as with VLLM_CPU_SGL_KERNEL=1
+  (fused_experts_cpu on VNNI-packed weights instead of the default
+  generated GEMV / per-expert loop).
 
 The quantized layers run through the modular kernel as vLLM builds it. The
 schemes take turns call by call on the same inputs (all are in memory at
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -298,6 +302,27 @@ def build_fp8_channel() -> Scheme:
     return _build_fp8("channel")
 
 
+def _with_sgl_kernel(build: Callable[[], Scheme]) -> Scheme:
+    """build() as a server started with VLLM_CPU_SGL_KERNEL=1 builds it."""
+    previous = os.environ.get("VLLM_CPU_SGL_KERNEL")
+    os.environ["VLLM_CPU_SGL_KERNEL"] = "1"
+    try:
+        return build()
+    finally:
+        if previous is None:
+            del os.environ["VLLM_CPU_SGL_KERNEL"]
+        else:
+            os.environ["VLLM_CPU_SGL_KERNEL"] = previous
+
+
+def build_fp8_sgl() -> Scheme:
+    return _with_sgl_kernel(build_fp8)
+
+
+def build_fp8_tensor_sgl() -> Scheme:
+    return _with_sgl_kernel(build_fp8_tensor)
+
+
 def build_mxfp8() -> Scheme:
     return _build_fp8("mxfp8")
 
@@ -311,6 +336,8 @@ SCHEMES: dict[str, Callable[[], Scheme]] = {
     "fp8": build_fp8,
     "fp8-tensor": build_fp8_tensor,
     "fp8-channel": build_fp8_channel,
+    "fp8-sgl": build_fp8_sgl,
+    "fp8-tensor-sgl": build_fp8_tensor_sgl,
     "mxfp8": build_mxfp8,
 }
 

@@ -17,10 +17,12 @@ checkpoint behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -189,6 +191,21 @@ def quantized_schemes() -> list[str]:
 # --------------------------------------------------------------------------
 # Servers and requests
 # --------------------------------------------------------------------------
+
+
+@functools.cache
+def cpu_library_has_op(name: str) -> bool:
+    """Whether the CPU library vLLM loads on this machine has torch.ops._C.<name>
+    (vLLM's AVX2 build lacks fused_experts_cpu, oneDNN int8 and WNA16 GEMMs)."""
+    code = (
+        "import torch; from vllm.platforms import current_platform; "
+        "current_platform.import_kernels(); "
+        f"print(hasattr(torch.ops._C, {name!r}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip().splitlines()[-1] == "True"
 
 
 def log_path(name: str) -> Path:

@@ -194,13 +194,15 @@ def quantized_schemes() -> list[str]:
 
 
 @functools.cache
-def cpu_library_has_op(name: str) -> bool:
-    """Whether the CPU library vLLM loads on this machine has torch.ops._C.<name>
-    (vLLM's AVX2 build lacks fused_experts_cpu, oneDNN int8 and WNA16 GEMMs)."""
+def cpu_library_has_fused_experts() -> bool:
+    """Whether the CPU library vLLM loads on this machine has fused_experts_cpu
+    (vLLM's AVX2 build does not). Asks the fork's own check, in a subprocess so
+    that the test process does not load vLLM's kernels."""
     code = (
-        "import torch; from vllm.platforms import current_platform; "
+        "from vllm.platforms import current_platform; "
         "current_platform.import_kernels(); "
-        f"print(hasattr(torch.ops._C, {name!r}))"
+        "from vllm.model_executor.layers.fused_moe.experts.cpu_quant_moe "
+        "import has_fused_experts_op; print(has_fused_experts_op())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

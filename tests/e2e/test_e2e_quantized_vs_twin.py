@@ -136,7 +136,9 @@ EXPECTED_MOE_PATH = {
 }
 # vLLM's AVX2 CPU library has no fused_experts_cpu: there the switch cannot
 # take the fused kernel, and the log must say why it did not.
-NO_FUSED_OP_LINE = "not fused_experts_cpu, because the CPU library has no fused_experts_cpu op"
+NO_FUSED_OP_LINE = (
+    "not fused_experts_cpu, because the CPU library has no fused_experts_cpu op"
+)
 
 
 def _backends(variant: Variant) -> tuple[str, ...]:
@@ -272,7 +274,7 @@ def test_moe_path_is_the_expected_one(quantized: Served) -> None:
     if key not in EXPECTED_MOE_PATH:
         pytest.skip("no MoE path expectation for this server")
     expected = EXPECTED_MOE_PATH[key]
-    if key in SGL_KERNEL_SERVERS and not lib.cpu_library_has_op("fused_experts_cpu"):
+    if key in SGL_KERNEL_SERVERS and not lib.cpu_library_has_fused_experts():
         expected = NO_FUSED_OP_LINE
     log = lib.log_path(quantized.name).read_text(errors="replace")
     assert expected in log, f"{quantized.name}: no {expected!r} in its log"

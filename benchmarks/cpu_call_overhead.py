@@ -9,8 +9,7 @@ apart, one token, median microseconds of --iters calls each:
 
 * MoE (FP8, per-tensor scales, the default per-expert op):
   the custom op ``torch.ops.vllm.cpu_fp8_moe_per_expert``, the ``moe_gemv``
-  it calls, the ``torch.compile``d GEMV that calls (Dynamo's frame and
-  guards, AOTAutograd's wrappers, Inductor's kernel), and the bf16 layer
+  it calls, the standalone-compiled GEMV that calls, and the bf16 layer
   (``CPUFusedMOE``) for comparison;
 * one dense FP8 linear layer (per tensor, [N, K] = [512, 256], the tiny
   model's QKV projection): the custom op ``torch.ops.vllm.cpu_fp8_w8a16_linear``,
@@ -75,13 +74,16 @@ def moe_rows(iters: int) -> list[tuple[str, float]]:
             x, w13, w2, s13, s2, weights, ids, None, None, silu, fp8=True
         )
 
-    # The arguments moe_gemv passes to its compiled function.
-    compiled = cpu_moe_gemv._compiled((True, "output", None, silu, False, False))
-    args = (
+    # The arguments moe_gemv passes to its compiled one-token kernel.
+    args = [
         x.float(), w13.view(torch.int8), w2.view(torch.int8),
-        s13.reshape(E, 1), s2.reshape(E, 1), weights, ids, None, None,
-        silu, True, "output", None, None, False,
-    )  # fmt: skip
+        s13, s2, weights, ids,
+    ]  # fmt: skip
+    variant = (True, "output", None, None, silu, False, False)
+    inputs = tuple((tuple(t.shape), t.dtype) for t in args)
+    compiled = cpu_moe_gemv._compile_variant(
+        variant, inputs, torch.get_num_threads()
+    )[0]
 
     layer = torch.nn.Module()
     layer.w13_weight = torch.nn.Parameter(
@@ -100,7 +102,7 @@ def moe_rows(iters: int) -> list[tuple[str, float]]:
     return [
         ("MoE FP8: custom op", median_us(op, iters)),
         ("MoE FP8: moe_gemv", median_us(gemv, iters)),
-        ("MoE FP8: torch.compile'd GEMV", median_us(lambda: compiled(*args), iters)),
+        ("MoE FP8: standalone-compiled GEMV", median_us(lambda: compiled(*args), iters)),
         ("MoE FP8: custom op, in a compiled fn", median_us(op_compiled, iters)),
         ("MoE bf16: CPUFusedMOE", median_us(bf16, iters)),
         ("MoE bf16: CPUFusedMOE, in a compiled fn", median_us(bf16_compiled, iters)),

@@ -75,7 +75,7 @@ def run_model(name: str, tokens: int, repeats: int, profile: bool) -> None:
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             llm.generate(prompt, params, use_tqdm=False)
         table = prof.key_averages().table(
-            sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60
+            sort_by="self_cpu_time_total", row_limit=70, max_name_column_width=60
         )
         print(table, file=sys.stderr)
     print("RESULT " + json.dumps({"model": name, "us_per_token": per_token}))

@@ -32,11 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from int8_moe_gpu import _install_vllm_stand_ins  # noqa: E402
 
 
-def to_device(t: torch.Tensor | None) -> torch.Tensor | None:
+def to_device(t: torch.Tensor) -> torch.Tensor:
     """t on the GPU with the same sizes, strides and storage offset; for a
     view, the whole tensor it views comes along."""
-    if t is None:
-        return None
     base = t if t._base is None else t._base
     return base.cuda().as_strided(t.size(), t.stride(), t.storage_offset())
 
@@ -47,24 +45,11 @@ def main() -> int:
 
     launch = fused_moe_w4a16.invoke_fused_moe_w4a16_kernel
 
-    def launch_on_gpu(A, B, C, B_scale, B_zp, topk_weights, *rest, **kwargs):
-        sorted_ids, expert_ids, num_post_pad, *tail = rest
-        c = to_device(C)
-        launch(
-            to_device(A),
-            to_device(B),
-            c,
-            to_device(B_scale),
-            to_device(B_zp),
-            to_device(topk_weights),
-            to_device(sorted_ids),
-            to_device(expert_ids),
-            to_device(num_post_pad),
-            *tail,
-            **kwargs,
-        )
-        torch.cuda.synchronize()
-        C.copy_(c.cpu())
+    def launch_on_gpu(*args, **kwargs):
+        # invoke_fused_moe_w4a16_kernel(A, B, C, ...) writes C in place.
+        moved = [to_device(a) if isinstance(a, torch.Tensor) else a for a in args]
+        launch(*moved, **kwargs)
+        args[2].copy_(moved[2].cpu())
 
     fused_moe_w4a16.invoke_fused_moe_w4a16_kernel = launch_on_gpu
     from tests.kernels.moe import test_fused_moe_w4a16 as cases

@@ -10,7 +10,12 @@ greedy generations of one prompt (batch 1): microseconds per decoded token,
 one fresh process per model, ratio to bf16. ``--profile`` also prints
 torch.profiler's table of one generation per model (the profiler slows
 Python-heavy ops more than kernels: read it for where time goes, not for
-how much).
+how much). ``--op-times`` also prints, per model, the wall time per token
+and per call spent inside each of the fork's CPU custom ops (their Python
+implementations, timed around the call) and inside the standalone-compiled
+kernels they call: what a quantized layer costs in the running model, where
+caches and branch predictors are shared with everything else, next to
+benchmarks/cpu_call_overhead.py's figures for the same calls in a loop.
 
 Not a test; it asserts nothing. Usage, from the repository root with the
 fork built::
@@ -21,6 +26,9 @@ fork built::
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
+import inspect
 import json
 import os
 import subprocess
@@ -46,9 +54,59 @@ def _engine_kwargs(flags: tuple[str, ...]) -> dict[str, object]:
     return kwargs
 
 
-def run_model(name: str, tokens: int, repeats: int, profile: bool) -> None:
+# Seconds and calls per timed op (--op-times), in the child process.
+_op_seconds: collections.Counter[str] = collections.Counter()
+_op_calls: collections.Counter[str] = collections.Counter()
+
+
+def _timed(name: str, fn):
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _op_seconds[name] += time.perf_counter() - start
+            _op_calls[name] += 1
+
+    # The custom-op registration reads the schema from the signature.
+    timed.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    return timed
+
+
+def _time_ops() -> None:
+    """Times the fork's CPU custom ops (registered after this) and the
+    standalone-compiled GEMV kernels."""
+    import vllm.utils.torch_utils as torch_utils
+    from vllm.model_executor.layers.quantization.utils import cpu_fp8_gemv
+
+    register = torch_utils.direct_register_custom_op
+
+    def timed_register(op_name, op_func, *args, **kwargs):
+        if op_name.startswith("cpu_"):
+            op_func = _timed(op_name, op_func)
+        return register(op_name, op_func, *args, **kwargs)
+
+    torch_utils.direct_register_custom_op = timed_register
+    compile_kernel = cpu_fp8_gemv.compile_kernel
+
+    def timed_compile_kernel(*args, **kwargs):
+        return _timed("standalone-compiled kernels", compile_kernel(*args, **kwargs))
+
+    cpu_fp8_gemv.compile_kernel = timed_compile_kernel
+    # The MoE GEMV imported it by name.
+    from vllm.model_executor.layers.fused_moe.experts import cpu_moe_gemv
+
+    cpu_moe_gemv.compile_kernel = timed_compile_kernel
+
+
+def run_model(
+    name: str, tokens: int, repeats: int, profile: bool, op_times: bool
+) -> None:
     """In the child process: one model, one JSON line on stdout."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if op_times:
+        _time_ops()
     from vllm import LLM, SamplingParams
 
     scheme, flags = MODELS[name]
@@ -64,10 +122,22 @@ def run_model(name: str, tokens: int, repeats: int, profile: bool) -> None:
     for _ in range(3):
         llm.generate(prompt, params, use_tqdm=False)
     per_token = []
+    _op_seconds.clear()
+    _op_calls.clear()
     for _ in range(repeats):
         start = time.perf_counter()
         llm.generate(prompt, params, use_tqdm=False)
         per_token.append((time.perf_counter() - start) / tokens * 1e6)
+    if op_times:
+        generated = repeats * tokens
+        print(f"{name}: inside each op, per token and per call", file=sys.stderr)
+        for op, seconds in sorted(_op_seconds.items()):
+            print(
+                f"  {op:<32} {seconds / generated * 1e6:8.1f} us/token "
+                f"{_op_calls[op] / generated:5.1f} calls/token "
+                f"{seconds / _op_calls[op] * 1e6:8.1f} us/call",
+                file=sys.stderr,
+            )
     if profile:
         from torch.profiler import ProfilerActivity
         from torch.profiler import profile as torch_profile
@@ -87,10 +157,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--op-times", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        run_model(args.child, args.tokens, args.repeats, args.profile)
+        run_model(args.child, args.tokens, args.repeats, args.profile, args.op_times)
         return
     print(
         f"batch 1, greedy, {args.tokens} tokens, compiled, one process per "
@@ -104,6 +175,8 @@ def main() -> None:
         cmd += ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
         if args.profile:
             cmd.append("--profile")
+        if args.op_times:
+            cmd.append("--op-times")
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:

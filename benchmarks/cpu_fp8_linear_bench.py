@@ -50,6 +50,9 @@ SHAPES = {
     "tiny o_proj": (256, 256),
     "2048x2048": (2048, 2048),
     "6144x2048": (6144, 2048),
+    # Qwen3-30B-A3B's attention: 32 query heads and 4 KV heads of 128.
+    "qwen3-30b-a3b qkv_proj": (5120, 2048),
+    "qwen3-30b-a3b o_proj": (2048, 4096),
 }
 
 

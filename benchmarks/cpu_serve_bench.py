@@ -1,5 +1,10 @@
 """Serve the tiny Qwen3-MoE on CPU in every scheme the fork serves; time it.
 
+With ``--shape qwen3-30b-a3b-2l`` the checkpoints are two layers of
+Qwen3-30B-A3B at its real widths instead: there the layers' weights are read
+from memory at every step, as in a real model, where the tiny model's fit in
+the caches and its steps are mostly the calls around the kernels.
+
 For each model -- every served scheme of tools/tiny_checkpoint
 (``tiny_checkpoint.SCHEMES``: bf16, the FP8, int8, int4 and MXFP8 formats;
 checkpoints written to build/models/ if missing) plus the online variants on
@@ -28,6 +33,8 @@ Usage::
     .venv/bin/python benchmarks/cpu_serve_bench.py --models bf16 fp8-block \\
         --max-tokens 64 --concurrency 16 --repeats 3 --json build/bench.json
     .venv/bin/python benchmarks/cpu_serve_bench.py --max-tokens 32 --repeats 1
+    .venv/bin/python benchmarks/cpu_serve_bench.py --shape qwen3-30b-a3b-2l \
+        --models bf16 fp8-block fp8-tensor w8a8-int8 --compile
 """
 
 from __future__ import annotations
@@ -130,8 +137,8 @@ def machine_facts() -> dict[str, object]:
     }
 
 
-def ensure_checkpoint(scheme: str) -> Path:
-    out = MODELS_DIR / f"tiny-{scheme}"
+def ensure_checkpoint(scheme: str, shape: str = "tiny") -> Path:
+    out = MODELS_DIR / f"{shape}-{scheme}"
     if not (out / "config.json").exists():
         subprocess.run(
             [
@@ -141,6 +148,7 @@ def ensure_checkpoint(scheme: str) -> Path:
                 str(out),
                 "--scheme",
                 scheme,
+                *(("--shape", shape) if shape != "tiny" else ()),
             ],
             check=True,
         )
@@ -244,7 +252,7 @@ def _serve_args(args: argparse.Namespace) -> list[str]:
 
 def bench_one(name: str, args: argparse.Namespace) -> Row:
     scheme, flags = MODELS[name]
-    path = ensure_checkpoint(scheme)
+    path = ensure_checkpoint(scheme, args.shape)
     defaults = _serve_args(args)
     log = REPO / "build" / "bench" / f"serve-{name}.log"
     t0 = time.perf_counter()
@@ -309,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile", action="store_true", help="drop --enforce-eager (torch.compile)"
     )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(tiny_checkpoint.SHAPES),
+        default="tiny",
+        help="checkpoint dimensions: the tiny test model, or two layers of "
+        "Qwen3-30B-A3B at its real widths (2.4 GB in bf16; written on first use)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
@@ -321,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}")
     print(f"loadavg before: {' '.join(f'{x:.2f}' for x in facts['loadavg'])}")  # type: ignore[union-attr]
     print(
-        f"settings: max_tokens={args.max_tokens} ignore_eos greedy, batch-1 = "
+        f"settings: {args.shape} model, max_tokens={args.max_tokens} ignore_eos "
+        "greedy, batch-1 = "
         f"{args.batch1_requests} sequential requests, concurrency={args.concurrency}, "
         f"median of {args.repeats}, "
         f"{'compiled' if args.compile else '--enforce-eager'}, "

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __doc__ as package_doc
+from .common import SHAPES
 from .schemes import FORMATS, MODELS, generate
 from .verify import hf_crosscheck, verify
 
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted([*FORMATS, *MODELS]),
         default="bf16",
         help=_scheme_help(),
+    )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        help="model dimensions (default: tiny; see common.SHAPES)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             args.twin,
             args.shards,
             not args.separate_fused_scales,
+            SHAPES[args.shape] if args.shape else None,
         )
         for path in written:
             print(f"wrote {path}")

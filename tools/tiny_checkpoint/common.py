@@ -215,6 +215,25 @@ class Shape:
     vocab_target: int = 2000
 
 
+# Named shapes (``--shape``). "tiny" is what the tests serve: its weights fit
+# in the caches and a step's time is mostly the calls around the kernels.
+# "qwen3-30b-a3b-2l" is two layers of Qwen3-30B-A3B at its real widths (its
+# experts, 1.2 GB a layer in bf16, are read from memory at every step), for
+# benchmarks of what serving a real MoE model spends on its layers.
+SHAPES: dict[str, Shape] = {
+    "tiny": Shape(),
+    "qwen3-30b-a3b-2l": Shape(
+        hidden=2048,
+        experts=128,
+        top_k=8,
+        moe_intermediate=768,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+    ),
+}
+
+
 def hf_config(shape: Shape, vocab_size: int, eos_id: int) -> dict[str, object]:
     """config.json contents, modelled on Qwen/Qwen3-30B-A3B's config."""
     return {

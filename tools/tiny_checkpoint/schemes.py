@@ -87,17 +87,21 @@ def generate(
     twin_dir: Path | None,
     shards: int,
     shared_fused_scales: bool = True,
+    shape: Shape | None = None,
 ) -> list[Path]:
-    """Write checkpoint ``scheme`` to ``out`` (and its bf16 twin); returns
-    the directories written, the quantized one first."""
+    """Write checkpoint ``scheme`` to ``out`` (and its bf16 twin) in
+    ``shape`` (default: the tiny one); returns the directories written, the
+    quantized one first."""
     if scheme in MODELS:
+        if shape is not None:
+            raise ValueError(f"{scheme!r} has a shape of its own; drop --shape")
         return MODELS[scheme](out, seed, twin_dir, shards)
     if scheme not in FORMATS:
         raise KeyError(
             f"unknown tiny_checkpoint scheme {scheme!r}; known: "
             f"{sorted([*FORMATS, *MODELS])}"
         )
-    shape = Shape()
+    shape = shape or Shape()
     tok = train_tokenizer(shape.vocab_target)
     vocab = tok.get_vocab_size()
     eos_id = tok.token_to_id(EOS_TOKEN)

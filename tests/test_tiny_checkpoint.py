@@ -456,3 +456,41 @@ def test_fp8_channel_ct_layout_and_bits(fp8_channel: Ckpt):
     broken[f"{m}.weight"] = t
     deq_broken = dequantized_weights(c.config, broken)
     assert not torch.equal(deq_broken[f"{m}.weight"], c.twin[f"{m}.weight"])
+
+
+def test_real_width_shape_is_qwen3_30b_a3b():
+    """--shape qwen3-30b-a3b-2l: Qwen3-30B-A3B's published widths (its
+    config.json), two layers, written through the same config code."""
+    shape = tiny_checkpoint.SHAPES["qwen3-30b-a3b-2l"]
+    cfg = common.hf_config(shape, vocab_size=2000, eos_id=0)
+    assert {
+        k: cfg[k]
+        for k in (
+            "hidden_size",
+            "moe_intermediate_size",
+            "num_experts",
+            "num_experts_per_tok",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "num_hidden_layers",
+        )
+    } == {
+        "hidden_size": 2048,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_hidden_layers": 2,
+    }
+    assert common.shape_from_config(cfg) == shape
+
+
+def test_shape_is_refused_for_models_of_their_own_shape(tmp_path):
+    with pytest.raises(ValueError, match="shape of its own"):
+        tiny_checkpoint.generate(
+            tmp_path / "m", "gpt-oss", 0, None, 1,
+            shape=tiny_checkpoint.SHAPES["tiny"],
+        )  # fmt: skip

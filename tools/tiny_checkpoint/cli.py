@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.out is None and not isinstance(args.verify, Path):
         parser.error("--out or --verify DIR is required")
+    if args.shape and args.scheme in MODELS:
+        parser.error(f"--shape: {args.scheme} has a shape of its own")
 
     to_verify: Path | None = args.verify if isinstance(args.verify, Path) else None
     if args.out is not None:

@@ -9,7 +9,10 @@ qwen3-30b-a3b-2l), and whether a batch's prefill took the grouped MoE GEMV.
 Usage::
 
     .venv/bin/python benchmarks/cpu_twin_check.py \\
-        build/models/qwen3-30b-a3b-2l-fp8-tensor
+        build/models/qwen3-30b-a3b-2l-fp8-tensor [TOKENS [PROMPTS]]
+
+With PROMPTS 2 the batch's prefill is 9 tokens: the FP8 linear layers' GEMV
+in two calls (more than GEMV_MAX_ROWS tokens).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ PROMPTS = [
 ]
 
 
-def run(model: str, tokens: int) -> dict:
+def run(model: str, tokens: int, prompts: int) -> dict:
     """In a child process: greedy tokens and logprobs of PROMPTS."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm.model_executor.layers.fused_moe.experts import (
@@ -55,6 +58,21 @@ def run(model: str, tokens: int) -> dict:
         return out
 
     cpu_moe_gemv.group_pairs = counting_group_pairs
+    from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_linear
+    from vllm.model_executor.layers.quantization.utils import cpu_fp8_gemv
+
+    linear_gemv = cpu_fp8_gemv.fp8_linear_gemv
+
+    def counting_linear_gemv(x, *args, **kwargs):
+        out = linear_gemv(x, *args, **kwargs)
+        if out is not None:
+            rows = x.numel() // x.shape[-1]
+            calls[f"linear GEMV, {'up to' if rows <= 8 else 'over'} 8 rows"] += 1
+        return out
+
+    # The block-FP8 and MXFP8 linears import it when called.
+    cpu_fp8_gemv.fp8_linear_gemv = counting_linear_gemv
+    cpu_linear.fp8_linear_gemv = counting_linear_gemv
     for caller in (cpu_fp8_moe, cpu_int8_moe):
         if getattr(caller, "moe_gemv", None) is moe_gemv:
             caller.moe_gemv = counting_moe_gemv
@@ -68,7 +86,7 @@ def run(model: str, tokens: int) -> dict:
         moe_backend="cpu",
     )
     params = SamplingParams(max_tokens=tokens, temperature=0, logprobs=2)
-    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    outs = llm.generate(PROMPTS[:prompts], params, use_tqdm=False)
     return {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [
@@ -85,15 +103,24 @@ def run(model: str, tokens: int) -> dict:
 
 def main() -> int:
     if len(sys.argv) >= 3 and sys.argv[1] == "--child":
-        print("RESULT " + json.dumps(run(sys.argv[2], int(sys.argv[3]))), flush=True)
+        result = run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        print("RESULT " + json.dumps(result), flush=True)
         return 0
     quantized = Path(sys.argv[1])
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 24
+    prompts = int(sys.argv[3]) if len(sys.argv) > 3 else len(PROMPTS)
     twin = quantized.with_name(quantized.name + "-bf16twin")
     results = []
     for model in (quantized, twin):
         proc = subprocess.run(
-            [sys.executable, __file__, "--child", str(model), str(tokens)],
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                str(model),
+                str(tokens),
+                str(prompts),
+            ],
             capture_output=True,
             text=True,
             check=True,

@@ -253,7 +253,10 @@ def _build_fp8(scales: str) -> Scheme:
     )
     from vllm.model_executor.layers.fused_moe.experts.cpu_fp8_moe import (
         CPUExpertsFp8,
-        prepare_fp8_moe_layer_for_cpu,
+    )
+    from vllm.model_executor.layers.fused_moe.oracle.fp8 import (
+        Fp8MoeBackend,
+        convert_to_fp8_moe_kernel_format,
     )
 
     moe = _moe_config()
@@ -278,7 +281,12 @@ def _build_fp8(scales: str) -> Scheme:
         block = None
         s13 = torch.rand(E) / 1000
         s2 = torch.rand(E) / 1000
-    w13, w2 = prepare_fp8_moe_layer_for_cpu(layer, w13, w2, s13, block)
+    if block is not None:
+        layer.weight_block_size = block
+    # As the served layer converts them (VNNI packing, scale layouts).
+    w13, w2, s13, s2 = convert_to_fp8_moe_kernel_format(
+        Fp8MoeBackend.CPU, layer, w13, w2, s13, s2, None, None
+    )
     quant_config = fp8_w8a16_moe_quant_config(s13, s2, block_shape=block)
     kernel = _modular(CPUExpertsFp8, moe, quant_config)
     path = (

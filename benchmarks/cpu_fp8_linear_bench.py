@@ -21,6 +21,11 @@ count is printed):
   and the block-scaled FP8 linear (``W8A8BlockFp8LinearOp``, 128x128
   blocks) eager and compiled.
 
+With ``--mxfp8`` it times instead the CPU MXFP8 linear
+(``cpu_mxfp8_w8a16_linear``'s implementation: the GEMV up to 24 tokens,
+else widened per call) with the E8M0 scales as their uint8 bytes and as the
+float32 values ModelOpt MXFP8 layers keep on CPU, against bf16.
+
 ``--cold`` rotates through enough copies of each weight to exceed the last
 level cache (so weights come from DRAM, as in a real model) instead of
 timing one weight that stays in cache. ``--threads 1`` keeps other
@@ -121,6 +126,65 @@ def _fp8_layers(kernel_cls, n: int, k: int, copies: int, process: bool):
     return kernel, layers, dense
 
 
+def _mxfp8_table(args, shapes: list[str]) -> None:
+    """MXFP8 linear on CPU, E8M0 bytes against float32 scales, and bf16."""
+    from vllm.model_executor.layers.quantization.utils.mxfp8_utils import (
+        _cpu_mxfp8_w8a16_linear,
+        mxfp8_scales_as_float32,
+    )
+
+    print(
+        "| shape [N, K] | M | bf16 us | mxfp8, uint8 scales us | x bf16 "
+        "| mxfp8, float32 scales us | x bf16 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in shapes:
+        n, k = SHAPES[name]
+        copies = 1
+        if args.cold:
+            copies = max(1, -(-args.cache_mib * 2**20 // (2 * n * k)))
+        gen = torch.Generator().manual_seed(0)
+        weights, e8m0, dense = [], [], None
+        for _ in range(copies):
+            weights.append(
+                (torch.randn(n, k, generator=gen) * 8).to(torch.float8_e4m3fn)
+            )
+            e8m0.append(
+                torch.randint(110, 120, (n, k // 32), generator=gen, dtype=torch.uint8)
+            )
+            if dense is None:
+                scale = torch.exp2(e8m0[0].float() - 127).repeat_interleave(32, 1)
+                dense = (weights[0].float() * scale).to(torch.bfloat16)
+        floats = [mxfp8_scales_as_float32(s) for s in e8m0]
+        bf16 = _bf16_layers(dense, copies)
+        for m in args.m:
+            x = torch.randn(m, k).to(torch.bfloat16)
+            ref = bf16[0].cpu_linear(x, bf16[0].weight, None).float()
+            for scales in (e8m0, floats):
+                out = _cpu_mxfp8_w8a16_linear(x, weights[0], scales[0], None).float()
+                err = (out - ref).abs().max().item()
+                if err > 2e-2 * ref.abs().max().item():
+                    raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
+            t_bf16 = _time(
+                lambda i: bf16[i].cpu_linear(x, bf16[i].weight, None),
+                copies,
+                args.repeats,
+            )
+            t_bytes, t_floats = (
+                _time(
+                    lambda i: _cpu_mxfp8_w8a16_linear(x, weights[i], scales[i], None),
+                    copies,
+                    args.repeats,
+                )
+                for scales in (e8m0, floats)
+            )
+            print(
+                f"| {name} [{n}, {k}] | {m} | {t_bf16:.0f} | {t_bytes:.0f} | "
+                f"{t_bytes / t_bf16:.2f} | {t_floats:.0f} | {t_floats / t_bf16:.2f} |",
+                flush=True,
+            )
+
+
 def _bf16_layers(dense: torch.Tensor, copies: int):
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
@@ -193,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time fp8 cpu under torch.compile and the block-FP8 linear",
     )
+    parser.add_argument(
+        "--mxfp8",
+        action="store_true",
+        help="time the CPU MXFP8 linear (uint8 and float32 scales) instead",
+    )
     args = parser.parse_args(argv)
     global STAT
     STAT = min if args.stat == "min" else statistics.median
@@ -213,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print()
+    if args.mxfp8:
+        with set_current_vllm_config(VllmConfig()):
+            _mxfp8_table(args, args.shapes or list(SHAPES))
+        return 0
     extra = (
         " fp8 cpu compiled us | block fp8 us | block fp8 compiled us |"
         if args.compiled

@@ -10,10 +10,10 @@ count is printed):
   the CPU library's packed GEMM where vLLM picks it), what a bf16 model runs;
 * ``fp8 cpu``: ``CPUFP8ScaledMMLinearKernel`` (FP8 weight in memory), as
   ``Fp8LinearMethod`` sets it up on CPU: the generated GEMV kernel
-  (``cpu_fp8_gemv``) up to its ``GEMV_MAX_ROWS`` tokens, else the weight
+  (``cpu_fp8_gemv``) up to its ``GEMV_MAX_TOKENS`` tokens, else the weight
   widened per call and a bf16 GEMM;
 * ``fp8 widen+GEMM``: the same kernel with the GEMV turned off (the path
-  above ``GEMV_MAX_ROWS`` tokens, and the one before the GEMV existed);
+  above ``GEMV_MAX_TOKENS`` tokens, and the one before the GEMV existed);
 * ``_scaled_mm``: ``PerTensorTorchFP8ScaledMMLinearKernel``, what CPU
   selected before (FP8 activations, static scale), fewer repeats;
 * with ``--compiled``: ``fp8 cpu`` under ``torch.compile(fullgraph=True,
@@ -77,16 +77,25 @@ def _time(fn, calls: int, repeats: int) -> float:
     return STAT(times) * 1e6
 
 
+def _check_close(name: str, m: int, ref: torch.Tensor, outs) -> None:
+    """Raise if an output is off the bf16 output ref by more than 2%."""
+    for out in outs:
+        err = (out.float() - ref.float()).abs().max().item()
+        if err > 2e-2 * ref.float().abs().max().item():
+            raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
+
+
 @contextlib.contextmanager
 def _gemv_off():
     from vllm.model_executor.layers.quantization.utils import cpu_fp8_gemv
 
-    saved = cpu_fp8_gemv.GEMV_MAX_ROWS
-    cpu_fp8_gemv.GEMV_MAX_ROWS = 0
+    saved = cpu_fp8_gemv.GEMV_MAX_ROWS, cpu_fp8_gemv.GEMV_MAX_TOKENS
+    # No row count takes the GEMV, in one call or in several.
+    cpu_fp8_gemv.GEMV_MAX_ROWS = cpu_fp8_gemv.GEMV_MAX_TOKENS = 0
     try:
         yield
     finally:
-        cpu_fp8_gemv.GEMV_MAX_ROWS = saved
+        cpu_fp8_gemv.GEMV_MAX_ROWS, cpu_fp8_gemv.GEMV_MAX_TOKENS = saved
 
 
 def _fp8_layers(kernel_cls, n: int, k: int, copies: int, process: bool):
@@ -159,12 +168,15 @@ def _mxfp8_table(args, shapes: list[str]) -> None:
         bf16 = _bf16_layers(dense, copies)
         for m in args.m:
             x = torch.randn(m, k).to(torch.bfloat16)
-            ref = bf16[0].cpu_linear(x, bf16[0].weight, None).float()
-            for scales in (e8m0, floats):
-                out = _cpu_mxfp8_w8a16_linear(x, weights[0], scales[0], None).float()
-                err = (out - ref).abs().max().item()
-                if err > 2e-2 * ref.abs().max().item():
-                    raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
+            _check_close(
+                name,
+                m,
+                bf16[0].cpu_linear(x, bf16[0].weight, None),
+                (
+                    _cpu_mxfp8_w8a16_linear(x, weights[0], scales[0], None)
+                    for scales in (e8m0, floats)
+                ),
+            )
             t_bf16 = _time(
                 lambda i: bf16[i].cpu_linear(x, bf16[i].weight, None),
                 copies,
@@ -319,10 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 out_fp8 = kernel.apply_weights(fp8_layers[0], x)
                 with _gemv_off():
                     out_widened = kernel.apply_weights(fp8_layers[0], x)
-                for out in (out_fp8, out_widened):
-                    err = (out.float() - out_bf16.float()).abs().max().item()
-                    if err > 2e-2 * out_bf16.float().abs().max().item():
-                        raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
+                _check_close(name, m, out_bf16, (out_fp8, out_widened))
                 t_bf16 = _time(
                     lambda i: bf16[i].cpu_linear(x, bf16[i].weight, None),
                     copies,

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
+from cpu_fp8_linear_bench import _bf16_layers, _check_close, _time
 
 SHAPES = {
     "tiny qkv_proj": (512, 256),
@@ -33,17 +32,6 @@ SHAPES = {
     "qwen3-30b-a3b qkv_proj": (5120, 2048),
     "qwen3-30b-a3b o_proj": (2048, 4096),
 }
-
-
-def _time(fn, calls: int, repeats: int) -> float:
-    for i in range(2):
-        fn(i % calls)
-    times = []
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        fn(i % calls)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
 
 
 def _int4_layers(n: int, k: int, copies: int, int4_gemm: bool, group_size: int):
@@ -90,18 +78,6 @@ def _int4_layers(n: int, k: int, copies: int, int4_gemm: bool, group_size: int):
     return kernel, layers, dense
 
 
-def _bf16_layers(dense: torch.Tensor, copies: int):
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    layers = []
-    for _ in range(copies):
-        layer = torch.nn.Module()
-        layer.weight = torch.nn.Parameter(dense.clone(), requires_grad=False)
-        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
-        layers.append(layer)
-    return layers
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
@@ -136,12 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         bf16 = _bf16_layers(dense, copies)
         for m in args.m:
             x = torch.randn(m, k).to(torch.bfloat16)
-            ref = bf16[0].cpu_linear(x, bf16[0].weight, None).float()
-            for kern, layers in ((kernel, int4_layers), (old_kernel, old_layers)):
-                out = kern.apply_weights(layers[0], x).float()
-                err = (out - ref).abs().max().item()
-                if err > 2e-2 * ref.abs().max().item():
-                    raise RuntimeError(f"{name} M={m}: outputs differ by {err}")
+            _check_close(
+                name,
+                m,
+                bf16[0].cpu_linear(x, bf16[0].weight, None),
+                (
+                    kern.apply_weights(layers[0], x)
+                    for kern, layers in (
+                        (kernel, int4_layers),
+                        (old_kernel, old_layers),
+                    )
+                ),
+            )
             t_bf16 = _time(
                 lambda i: bf16[i].cpu_linear(x, bf16[i].weight, None),
                 copies,

@@ -3,7 +3,14 @@ PYTHON ?= python3
 VENV_PY := .venv/bin/python
 MODELS := build/models
 
-.PHONY: serve test build sync export check status
+# Lines kept beside the main one, each in lines/VERSION/ with its own pins and
+# series (`python3 -m forkctl --line VERSION VERB`).
+LINES := $(notdir $(wildcard lines/*))
+# The line the main line moves to once it passes everything the main line does:
+# built, and its series' tests run, by `make test` until the switch.
+NEXT_LINE := 0.32.0
+
+.PHONY: serve test build sync export check status test-next
 
 ## serve: build the fork for CPU if needed, make the tiny FP8 (128x128 block) MoE
 ## checkpoint if missing, serve it with the CPU FP8 MoE backend, query it once
@@ -13,11 +20,22 @@ serve: build
 	$(VENV_PY) tools/serve_demo.py --model $(MODELS)/tiny-fp8-block \
 	  --quantization fp8 --moe-backend cpu
 
-## test: the tool's own tests, the series check, then the series' tests in the tree
+## test: the tool's own tests, the series check, the series' tests in the tree,
+## then every other line's check and the next line's own tests
 test: build
 	$(VENV_PY) -m pytest -q -p no:cacheprovider tests
 	$(PYTHON) -m forkctl check
 	$(PYTHON) -m forkctl test
+	@for line in $(LINES); do \
+	  echo "+ forkctl --line $$line check"; \
+	  $(PYTHON) -m forkctl --line $$line check || exit 1; \
+	done
+	# $(MAKE) test-next  (once the next line carries patches)
+
+## test-next: build the next line (lines/$(NEXT_LINE)) and run its series' tests
+test-next:
+	$(PYTHON) -m forkctl --line $(NEXT_LINE) build
+	$(PYTHON) -m forkctl --line $(NEXT_LINE) test
 
 build:
 	$(PYTHON) -m forkctl build

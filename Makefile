@@ -7,7 +7,7 @@ MODELS := build/models
 # series (`python3 -m forkctl --line VERSION VERB`).
 LINES := $(notdir $(wildcard lines/*))
 # The line the main line moves to once it passes everything the main line does.
-# `make test-next` builds it and runs its series' tests (about 15 minutes on 2
+# `make test-next` builds it and runs its series' tests (about 20 minutes on 2
 # cores; CI's 90 minutes on this project's 2-core machines do not hold both).
 NEXT_LINE := 0.32.0
 

@@ -11,11 +11,9 @@ one fresh process per model, ratio to bf16. ``--profile`` also prints
 torch.profiler's table of one generation per model (the profiler slows
 Python-heavy ops more than kernels: read it for where time goes, not for
 how much). ``--op-times`` also prints, per model, the wall time per token
-and per call spent inside each of the fork's CPU custom ops (their Python
-implementations, timed around the call) and inside the standalone-compiled
-kernels they call: what a quantized layer costs in the running model, where
-caches and branch predictors are shared with everything else, next to
-benchmarks/cpu_call_overhead.py's figures for the same calls in a loop.
+and per call spent inside each of vLLM's CPU custom ops named ``cpu_*``
+(their Python implementations, timed around the call): what a quantized
+layer costs in the running model.
 
 Not a test; it asserts nothing. Usage, from the repository root with the
 fork built::
@@ -75,10 +73,9 @@ def _timed(name: str, fn):
 
 
 def _time_ops() -> None:
-    """Times the fork's CPU custom ops (registered after this) and the
-    standalone-compiled GEMV kernels."""
+    """Times vLLM's CPU custom ops (those named cpu_*, registered after
+    this)."""
     import vllm.utils.torch_utils as torch_utils
-    from vllm.model_executor.layers.quantization.utils import cpu_fp8_gemv
 
     register = torch_utils.direct_register_custom_op
 
@@ -88,16 +85,6 @@ def _time_ops() -> None:
         return register(op_name, op_func, *args, **kwargs)
 
     torch_utils.direct_register_custom_op = timed_register
-    compile_kernel = cpu_fp8_gemv.compile_kernel
-
-    def timed_compile_kernel(*args, **kwargs):
-        return _timed("standalone-compiled kernels", compile_kernel(*args, **kwargs))
-
-    cpu_fp8_gemv.compile_kernel = timed_compile_kernel
-    # The MoE GEMV imported it by name.
-    from vllm.model_executor.layers.fused_moe.experts import cpu_moe_gemv
-
-    cpu_moe_gemv.compile_kernel = timed_compile_kernel
 
 
 def run_model(

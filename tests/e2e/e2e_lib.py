@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ if str(TOOLS) not in sys.path:
 
 import serve_demo  # noqa: E402
 import tiny_checkpoint  # noqa: E402
+import x86_libraries  # noqa: E402
 from serve_demo import ServerError  # noqa: E402
 
 __all__ = ["ServerError"]  # re-exported for the tests
@@ -194,20 +194,10 @@ def quantized_schemes() -> list[str]:
 
 
 @functools.cache
-def cpu_library_has_fused_experts() -> bool:
-    """Whether the CPU library vLLM loads on this machine has fused_experts_cpu
-    (vLLM's AVX2 build does not). Asks the fork's own check, in a subprocess so
-    that the test process does not load vLLM's kernels."""
-    code = (
-        "from vllm.platforms import current_platform; "
-        "current_platform.import_kernels(); "
-        "from vllm.model_executor.layers.fused_moe.experts.cpu_quant_moe "
-        "import has_fused_experts_op; print(has_fused_experts_op())"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    return out.stdout.strip().splitlines()[-1] == "True"
+def x86_kernel_libraries() -> dict[str, bool]:
+    """tools/x86_libraries.py: the x86 kernel libraries this machine runs,
+    each with whether its AMX kernels run here; vLLM loads the last one."""
+    return x86_libraries.runnable()
 
 
 def log_path(name: str) -> Path:
@@ -222,13 +212,17 @@ def serve(
     log_name: str,
     compiled: bool = False,
     env: Mapping[str, str] | None = None,
+    library: str | None = None,
 ) -> Iterator[str]:
     """``vllm serve MODEL ARGS`` via serve_demo.running_server; yields the /v1
     URL.  serve_demo's DEFAULT_SERVE_ARGS (which include --enforce-eager) come
     first; with compiled=True its COMPILED_SERVE_ARGS, without
     --enforce-eager: the model is compiled, as ``vllm serve`` does by
-    default.  ``env`` is added to the server's environment.  The log goes to
-    build/e2e/logs/LOG_NAME.log."""
+    default.  ``env`` is added to the server's environment; ``library``
+    (one of x86_kernel_libraries()) sets
+    VLLM_CPU_X86_KERNELS.  The log goes to build/e2e/logs/LOG_NAME.log."""
+    if library is not None:
+        env = {**(env or {}), "VLLM_CPU_X86_KERNELS": library}
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     defaults = (
         serve_demo.COMPILED_SERVE_ARGS if compiled else serve_demo.DEFAULT_SERVE_ARGS

@@ -6,11 +6,15 @@ registered with ``served=False`` are not; vLLM reads the
 quantization from the checkpoint's config.json) plus online
 FP8 (``--quantization fp8``) and online int8 experts (``--quantization
 experts_int8``) on the bf16 checkpoint, whose twin is the bf16 checkpoint
-itself.  Each is served with ``--moe-backend auto`` (one scheme per MoE
-oracle also with ``--moe-backend cpu``, see EXPLICIT_CPU), and compared with its twin on 8 fixed prompts x 16
-greedy tokens (``ignore_eos``).  The same servers then take 16 concurrent
-requests.  A deliberately wrong model (experts 0 and 1 swapped in every layer
-of the FP8 block checkpoint) must fail the same rule.
+itself.  Each is served with ``--moe-backend auto`` under the x86 kernel
+library vLLM loads by default, and one scheme per MoE scheme family
+(FAMILIES) also with ``--moe-backend cpu`` under every kernel library this
+machine can run (``VLLM_CPU_X86_KERNELS``; the AVX2 one on any x86 CPU), see
+servers().  Each server is compared with its twin on 8 fixed prompts x 16
+greedy tokens (``ignore_eos``), its log must name the kernel library and the
+MoE experts that library and scheme call for, and it then takes 16
+concurrent requests.  A deliberately wrong model (experts 0 and 1 swapped in
+every layer of the FP8 block checkpoint) must fail the same rule.
 
 Tolerance rule
 --------------
@@ -55,16 +59,13 @@ CPU kernels, and so the rounding, differ on other ISAs: hence the margins):
   in the suite): (A) fails on 4 prompts (gaps 1.875-2.9375), (B) 84/128.
 
 Compiled: ``vllm serve`` compiles the model by default (no
---enforce-eager), and the CPU MoE experts must work there too. One server per
-CPU MoE backend path (COMPILED_SERVERS) runs compiled; the others, and the
+--enforce-eager), and the CPU MoE experts must work there too.  One server
+per CPU MoE path runs compiled (servers() says which); the others, and the
 twins, run with --enforce-eager to keep the suite's time.
 
-Time: each server start is ~17-28 s eager on 2 shared cores (most of it
-importing vLLM twice); compiling adds ~30-50 s (tiny model on this machine:
-bf16 57 s, compressed-tensors FP8 87-94 s to the first completion compiled,
-42 s eager; vLLM 0.19.1's compile cache does not load back on CPU, so a warm
-cache saves nothing). Every server is started once per module
-(module-scoped fixtures), the twins once each.
+Time: each server start is ~20-40 s eager on 2 shared cores (most of it
+importing vLLM twice); compiling adds ~30-60 s.  Every server is started
+once per module (module-scoped fixtures), the twins once each.
 """
 
 from __future__ import annotations
@@ -104,62 +105,80 @@ def variants() -> list[Variant]:
     return out
 
 
-# Every variant is served with --moe-backend auto (which picks the CPU
-# backend of its oracle on this machine); one scheme per MoE oracle is served
-# with --moe-backend cpu as well. Each extra server costs ~25 s on 2 cores.
-EXPLICIT_CPU = {"fp8-block", "w8a8-int8", "gptq-int4"}
+# The x86 kernel libraries this machine can run (VLLM_CPU_X86_KERNELS), each
+# with whether its AMX kernels run here; vLLM loads the last one by default.
+LIBRARIES: dict[str, bool] = lib.x86_kernel_libraries()
+DEFAULT_LIBRARY: str | None = list(LIBRARIES)[-1] if LIBRARIES else None
 
-
-# (variant, backend) servers that run compiled, one per CPU MoE backend path;
-# the others run with --enforce-eager.
-COMPILED_SERVERS = {
-    ("fp8-tensor", "auto"),  # FP8 per-expert custom op, per-tensor scales
-    ("fp8-block", "auto"),  # FP8 per-expert custom op, block scales
-    ("fp8-block", "cpu"),  # fused_experts_cpu FP8 (VLLM_CPU_SGL_KERNEL=1)
-    ("fp8-channel-ct", "auto"),  # FP8 per-expert custom op
-    ("mxfp8-modelopt", "auto"),  # FP8 per-expert custom op, E8M0 scales
-    ("w8a8-int8", "auto"),  # fused_experts_cpu int8 W8A8
-    ("online-int8", "auto"),  # INT8 per-expert custom op, W8A16
-    ("gptq-int4", "auto"),  # WNA16 custom op on the int4 GEMM
+# One scheme per MoE scheme family (oracle): each is served with
+# --moe-backend cpu under every library above, so the AVX2 library (which
+# every x86 CPU runs, and which has none of the AMX or SGLang kernels) is
+# covered on any x86 machine.
+FAMILIES = {
+    "fp8-block": "FP8",
+    "w8a8-int8": "INT8 W8A8",
+    "gptq-int4": "INT4 weight-only",
+    "mxfp8-modelopt": "MXFP8",
 }
 
-
-# Servers run with VLLM_CPU_SGL_KERNEL=1: FP8 per-tensor and block experts
-# then take fused_experts_cpu instead of the default per-expert custom op.
-SGL_KERNEL_SERVERS = {("fp8-block", "cpu")}
-
-# (variant, backend) -> a line its server log must have: the MoE path taken.
-EXPECTED_MOE_PATH = {
-    ("fp8-block", "auto"): "CPU FP8 MoE: FP8 weights with bf16 activations (W8A16) "
-    "through the generated GEMV kernel",
-    ("fp8-block", "cpu"): "CPU FP8 MoE: fused_experts_cpu with FP8 weights",
-}
-# vLLM's AVX2 CPU library has no fused_experts_cpu: there the switch cannot
-# take the fused kernel, and the log must say why it did not.
-NO_FUSED_OP_LINE = (
-    "not fused_experts_cpu, because the CPU library has no fused_experts_cpu op"
-)
+# Variants whose experts upstream's AMX kernels serve when they run
+# (CPUExpertsFp8 block W8A16, CPUExpertsInt8, CPUExpertsInt4); everything
+# else, and everything where the AMX kernels do not run, takes the fork's
+# CPUDequantExperts* classes.
+AMX_UPSTREAM = {"fp8-block", "w8a8-int8", "gptq-int4", "awq-int4", "w4a16-ct"}
 
 
-def _backends(variant: Variant) -> tuple[str, ...]:
-    return BACKENDS if variant.name in EXPLICIT_CPU else ("auto",)
+@dataclass(frozen=True)
+class Server:
+    variant: Variant
+    backend: str
+    library: str | None
+    compiled: bool
+
+    @property
+    def name(self) -> str:
+        return "-".join(
+            [self.variant.name, self.backend]
+            + ([self.library] if self.library else [])
+            + (["compiled"] if self.compiled else [])
+        )
 
 
-def _params() -> list:
-    return [
-        pytest.param((v, b), id=f"{v.name}-{b}")
-        for v in variants()
-        for b in _backends(v)
-    ]
+def servers() -> list[Server]:
+    """Every variant with --moe-backend auto under the default library; each
+    family's scheme with --moe-backend cpu under every library.  Compiled
+    (``vllm serve``'s default), one server per MoE path: the auto servers of
+    the FP8 per-tensor and block, int8 and int4 schemes (upstream's AMX
+    kernels where they run, the fork's elsewhere), and every family's server
+    under the AVX2 library (the fork's kernels, on any x86 CPU).  The rest
+    run with --enforce-eager to keep the suite's time."""
+    compiled_auto = {"fp8-tensor", "fp8-block", "w8a8-int8", "gptq-int4"}
+    out = []
+    for v in variants():
+        out.append(Server(v, "auto", DEFAULT_LIBRARY, v.name in compiled_auto))
+        if v.name in FAMILIES:
+            out += [
+                Server(v, "cpu", library, library == "avx2")
+                for library in (LIBRARIES or {None: False})
+            ]
+    return out
+
+
+def uses_dequant_experts(server: Server) -> bool:
+    """Whether the server's MoE layers must run the fork's CPUDequantExperts*."""
+    amx = LIBRARIES.get(server.library or "", False)
+    return not (amx and server.variant.name in AMX_UPSTREAM)
 
 
 @dataclass
 class Served:
-    variant: Variant
-    backend: str
+    server: Server
     url: str
     twin: list[lib.Generation]
-    name: str
+
+    @property
+    def name(self) -> str:
+        return self.server.name
 
 
 @pytest.fixture(scope="module")
@@ -177,26 +196,25 @@ def twin_outputs():
     return get
 
 
-@pytest.fixture(scope="module", params=_params())
+@pytest.fixture(scope="module", params=servers(), ids=lambda server: server.name)
 def quantized(request, checkpoints, twin_outputs):
-    variant, backend = request.param
+    server: Server = request.param
+    variant = server.variant
     ckpt = checkpoints.scheme(variant.scheme)
     twin_dir = ckpt.model if variant.online else ckpt.twin
     if twin_dir is None:
         pytest.fail(f"scheme {variant.scheme} wrote no bf16 twin")
-    compiled = (variant.name, backend) in COMPILED_SERVERS
-    sgl = (variant.name, backend) in SGL_KERNEL_SERVERS
-    name = (
-        f"{variant.name}-{backend}"
-        + ("-compiled" if compiled else "")
-        + ("-sgl" if sgl else "")
-    )
-    args = [*variant.serve_args, "--moe-backend", backend]
-    env = {"VLLM_CPU_SGL_KERNEL": "1"} if sgl else {"VLLM_CPU_SGL_KERNEL": "0"}
-    with lib.serve(ckpt.model, args, log_name=name, compiled=compiled, env=env) as url:
+    args = [*variant.serve_args, "--moe-backend", server.backend]
+    with lib.serve(
+        ckpt.model,
+        args,
+        log_name=server.name,
+        compiled=server.compiled,
+        library=server.library,
+    ) as url:
         # The twin is served (once per module) only once the quantized model
         # is known to come up; both run at the same time for that moment.
-        yield Served(variant, backend, url, twin_outputs(twin_dir), name)
+        yield Served(server, url, twin_outputs(twin_dir))
 
 
 def _record(name: str, verdict: lib.Verdict) -> None:
@@ -268,16 +286,19 @@ def test_greedy_matches_twin(quantized: Served) -> None:
 
 
 def test_moe_path_is_the_expected_one(quantized: Served) -> None:
-    """The servers meant to cover one MoE path (the default per-expert op or
-    fused_experts_cpu under VLLM_CPU_SGL_KERNEL=1) took it."""
-    key = (quantized.variant.name, quantized.backend)
-    if key not in EXPECTED_MOE_PATH:
-        pytest.skip("no MoE path expectation for this server")
-    expected = EXPECTED_MOE_PATH[key]
-    if key in SGL_KERNEL_SERVERS and not lib.cpu_library_has_fused_experts():
-        expected = NO_FUSED_OP_LINE
+    """The server loaded the kernel library it was asked for, and its MoE
+    layers took the path that library and scheme call for: upstream's AMX
+    experts where they run and serve the scheme, the fork's
+    CPUDequantExperts* everywhere else."""
+    server = quantized.server
     log = lib.log_path(quantized.name).read_text(errors="replace")
-    assert expected in log, f"{quantized.name}: no {expected!r} in its log"
+    if server.library is not None:
+        assert f"CPU kernel library: {server.library}" in log, quantized.name
+    dequant = "Using CPUDequantExperts" in log
+    assert dequant == uses_dequant_experts(server), (
+        f"{quantized.name}: CPUDequantExperts {'taken' if dequant else 'not taken'}"
+        f" (AMX kernels: {LIBRARIES.get(server.library or '', False)})"
+    )
 
 
 # 16 distinct fixed prompts for the concurrency test.
@@ -340,10 +361,12 @@ def test_concurrent_requests(quantized: Served) -> None:
     assert len(set(texts)) >= len(texts) // 2, texts
 
 
-def test_compiled_servers_are_in_the_suite() -> None:
-    """A COMPILED_SERVERS entry that names no server would leave its
-    backend path uncompiled without a word."""
-    served = {(v.name, b) for v in variants() for b in _backends(v)}
-    assert COMPILED_SERVERS <= served, sorted(COMPILED_SERVERS - served)
-    assert SGL_KERNEL_SERVERS <= served, sorted(SGL_KERNEL_SERVERS - served)
-    assert set(EXPECTED_MOE_PATH) <= served, sorted(set(EXPECTED_MOE_PATH) - served)
+def test_every_family_is_served_under_every_library() -> None:
+    """Each MoE scheme family has a --moe-backend cpu server under every
+    kernel library this machine runs, and one of them is compiled."""
+    if not LIBRARIES:
+        pytest.skip("not an x86 CPU: one kernel library")
+    got = {(s.variant.name, s.library) for s in servers() if s.backend == "cpu"}
+    want = {(f, library) for f in FAMILIES for library in LIBRARIES}
+    assert got == want, sorted(want ^ got)
+    assert {s.variant.name for s in servers() if s.compiled} >= set(FAMILIES)

@@ -3,16 +3,16 @@
 * An explicit MoE backend that cannot serve the model (``--moe-backend
   triton`` on CPU, for an FP8 checkpoint) stops ``vllm serve`` at start-up,
   non-zero, with the list of the kernels considered and why each was rejected
-  ("Considered:" ... "TRITON (TritonExperts): kernel does not support current
-  device cpu").  This works in the tree today.
+  ("Kernels considered:" ... "TRITON (TritonExperts): kernel does not support
+  current device cpu").
 
 * Broken checkpoints must fail at load with an error that names the tensor
   and the shape that was expected: a copy of a quantized checkpoint with one
   expert weight scale removed, and one with an expert's down_proj weight
-  transposed.  Upstream 0.19.1 loads both silently (the missing scale keeps
-  the torch.ones it was created with, about 1200 times the real scale; the
-  transposed weight is narrowed and copied into a corner of the expert's
-  slot, taken for TP padding); the series' loader checks reject both.
+  transposed.  Upstream vLLM loads both silently (the missing scale keeps
+  the value it was created with; the transposed weight is copied into a
+  corner of the expert's slot); the series' loader checks reject both,
+  naming the layer's parameter, the expert and the shape expected.
 """
 
 from __future__ import annotations
@@ -60,12 +60,15 @@ def test_explicit_triton_backend_is_rejected_at_startup(checkpoints, scheme) -> 
     log_name = f"reject-triton-{scheme}"
     message = _start_expecting_failure(model, ["--moe-backend", "triton"], log_name)
     log = lib.log_path(log_name).read_text(errors="replace")
-    assert "Considered:" in message, message
-    assert (
-        "Fp8 MoE backend TRITON (--moe-backend triton) cannot serve this layer"
-        in message
-    ), message
-    assert "TRITON (TritonExperts):" in log, "no rejection reason for TritonExperts"
+    refusal = re.search(
+        r"FP8 MoE backend TRITON does not support the deployment configuration"
+        r".*Kernels considered:",
+        log,
+    )
+    assert refusal, f"no refusal of the TRITON backend in the log:\n{message}"
+    assert "TRITON (TritonExperts): kernel does not support current device cpu" in (
+        log
+    ), "no rejection reason for TritonExperts"
     # Fails at start-up, before any request could be served.
     assert "Application startup complete" not in log
 
@@ -83,14 +86,34 @@ def _shape_pattern(dims: tuple[int, ...]) -> re.Pattern[str]:
     return re.compile(rf"[\[(]\s*{inner}\s*,?\s*[\])]")
 
 
+# Checkpoint projection -> the fused parameter vLLM loads it into.
+_FUSED = {"gate_proj": "w13", "up_proj": "w13", "down_proj": "w2"}
+
+
+def _expert_tensor_pattern(tensor: str) -> re.Pattern[str]:
+    """A log line that names a checkpoint expert tensor the way the loader
+    sees it: the layer's fused parameter (``experts.3.down_proj.weight_scale_inv``
+    -> ``experts[.routed_experts].w2_weight_scale_inv``) and the expert."""
+    m = re.fullmatch(r"(.+\.experts)\.(\d+)\.(\w+)\.(\w+)", tensor)
+    assert m, f"not an expert tensor name: {tensor}"
+    prefix, expert, proj, suffix = m.groups()
+    return re.compile(
+        re.escape(prefix)
+        + r"(?:\.routed_experts)?\."
+        + re.escape(f"{_FUSED[proj]}_{suffix}")
+        + rf"(?![\w.]).*\bexpert {expert}\b"
+    )
+
+
 def _assert_load_error_names(
     log_name: str, model, tensor: str, expected: tuple[int, ...]
 ) -> None:
-    """Some log line names ``tensor`` (exactly, not as a prefix of another
-    name) and states the shape that was expected for it."""
+    """Some log line names the checkpoint tensor ``tensor`` (its layer's
+    parameter and its expert, exactly) and states the shape that was expected
+    for it."""
     assert tensor not in str(model), "the model path must not contain the tensor name"
     log = lib.log_path(log_name).read_text(errors="replace")
-    name = re.compile(re.escape(tensor) + r"(?![\w.])")
+    name = _expert_tensor_pattern(tensor)
     lines = [line for line in log.splitlines() if name.search(line)]
     assert lines, f"no line of the log names {tensor} ({lib.log_path(log_name)})"
     pattern = _shape_pattern(expected)

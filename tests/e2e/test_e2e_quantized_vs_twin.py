@@ -6,11 +6,12 @@ registered with ``served=False`` are not; vLLM reads the
 quantization from the checkpoint's config.json) plus online
 FP8 (``--quantization fp8``) and online int8 experts (``--quantization
 experts_int8``) on the bf16 checkpoint, whose twin is the bf16 checkpoint
-itself.  Each is served with ``--moe-backend auto`` under the x86 kernel
-library vLLM loads by default, and one scheme per MoE scheme family
-(FAMILIES) also with ``--moe-backend cpu`` under every kernel library this
-machine can run (``VLLM_CPU_X86_KERNELS``; the AVX2 one on any x86 CPU), see
-servers().  Each server is compared with its twin on 8 fixed prompts x 16
+itself.  Each is served with ``--moe-backend auto`` and with
+``--moe-backend cpu`` under the x86 kernel library vLLM loads by default,
+one of the two compiled and the other eager, and one scheme per MoE scheme
+family (FAMILIES) with ``--moe-backend cpu`` under every kernel library
+this machine can run too (``VLLM_CPU_X86_KERNELS``; the AVX2 one on any
+x86 CPU), see servers().  Each server is compared with its twin on 8 fixed prompts x 16
 greedy tokens (``ignore_eos``), its log must name the kernel library and the
 MoE experts that library and scheme call for, and it then takes 16
 concurrent requests.  A deliberately wrong model (experts 0 and 1 swapped in
@@ -149,22 +150,26 @@ class Server:
 
 
 def servers() -> list[Server]:
-    """Every variant with --moe-backend auto under the default library; each
-    family's scheme with --moe-backend cpu under every library.  Compiled
-    (``vllm serve``'s default), one server per MoE path: the auto servers of
-    the FP8 per-tensor and block, int8 and int4 schemes (upstream's AMX
-    kernels where they run, the fork's elsewhere), and every family's server
-    under the AVX2 library (the fork's kernels, on any x86 CPU).  The rest
-    run with --enforce-eager to keep the suite's time."""
+    """Every variant with --moe-backend auto under the default library and
+    with --moe-backend cpu, each family's scheme with --moe-backend cpu
+    under every library.  Every variant runs compiled (``vllm serve``'s
+    default) on one of its servers and eager on another: compiled are the
+    auto servers of the FP8 per-tensor and block, int8 and int4 schemes
+    (upstream's AMX kernels where they run, the fork's elsewhere), the
+    --moe-backend cpu servers of the other variants, and every family's
+    server under the AVX2 library (the fork's kernels, on any x86 CPU)."""
     compiled_auto = {"fp8-tensor", "fp8-block", "w8a8-int8", "gptq-int4"}
     out = []
     for v in variants():
-        out.append(Server(v, "auto", DEFAULT_LIBRARY, v.name in compiled_auto))
+        auto_compiled = v.name in compiled_auto
+        out.append(Server(v, "auto", DEFAULT_LIBRARY, auto_compiled))
         if v.name in FAMILIES:
             out += [
                 Server(v, "cpu", library, library == "avx2")
                 for library in (LIBRARIES or {None: False})
             ]
+        else:
+            out.append(Server(v, "cpu", DEFAULT_LIBRARY, not auto_compiled))
     return out
 
 
@@ -371,10 +376,16 @@ def test_concurrent_requests(quantized: Served) -> None:
 
 def test_every_family_is_served_under_every_library() -> None:
     """Each MoE scheme family has a --moe-backend cpu server under every
-    kernel library this machine runs, and one of them is compiled."""
+    kernel library this machine runs."""
     if not LIBRARIES:
         pytest.skip("not an x86 CPU: one kernel library")
     got = {(s.variant.name, s.library) for s in servers() if s.backend == "cpu"}
     want = {(f, library) for f in FAMILIES for library in LIBRARIES}
-    assert got == want, sorted(want ^ got)
-    assert {s.variant.name for s in servers() if s.compiled} >= set(FAMILIES)
+    assert want <= got, sorted(want - got)
+
+
+def test_every_variant_is_served_auto_and_cpu_compiled_and_eager() -> None:
+    for v in variants():
+        mine = [s for s in servers() if s.variant == v]
+        assert {s.backend for s in mine} == set(BACKENDS), v.name
+        assert {s.compiled for s in mine} == {True, False}, v.name

@@ -11,10 +11,10 @@ itself.  Each is served with ``--moe-backend auto`` and with
 one of the two compiled and the other eager, and one scheme per MoE scheme
 family (FAMILIES) with ``--moe-backend cpu`` under every kernel library
 this machine can run too (``VLLM_CPU_X86_KERNELS``; the AVX2 one on any
-x86 CPU), see servers().  Each server is compared with its twin on 8 fixed prompts x 16
-greedy tokens (``ignore_eos``), its log must name the kernel library and the
-MoE experts that library and scheme call for, and it then takes 16
-concurrent requests.  A deliberately wrong model (experts 0 and 1 swapped in
+x86 CPU), see servers().  Each server is compared with its twin on 8 fixed
+prompts x 16 greedy tokens (``ignore_eos``), its log must name the kernel
+library and the MoE experts that library and scheme call for, and it then
+takes 16 concurrent requests.  A deliberately wrong model (experts 0 and 1 swapped in
 every layer of the FP8 block checkpoint) must fail the same rule.
 
 Tolerance rule
@@ -309,7 +309,7 @@ def test_moe_path_is_the_expected_one(quantized: Served) -> None:
         f" (AMX kernels: {LIBRARIES.get(server.library or '', False)})"
     )
     if dequant and server.variant.name in STATIC_INPUT_SCALES:
-        assert "the checkpoint's static input scales are not used" in log, (
+        assert "the checkpoint's static input scales are ignored" in log, (
             quantized.name
         )
 

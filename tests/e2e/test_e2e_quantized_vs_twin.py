@@ -123,10 +123,17 @@ FAMILIES = {
 }
 
 # Variants whose experts upstream's AMX kernels serve when they run
-# (CPUExpertsFp8 block W8A16, CPUExpertsInt8, CPUExpertsInt4); everything
-# else, and everything where the AMX kernels do not run, takes the fork's
-# CPUDequantExperts* classes.
-AMX_UPSTREAM = {"fp8-block", "w8a8-int8", "gptq-int4", "awq-int4", "w4a16-ct"}
+# (CPUExpertsFp8 block W8A16, CPUExpertsInt8 W8A8 and online W8A16,
+# CPUExpertsInt4); everything else, and everything where the AMX kernels do
+# not run, takes the fork's CPUDequantExperts* classes.
+AMX_UPSTREAM = {
+    "fp8-block",
+    "w8a8-int8",
+    "online-int8",
+    "gptq-int4",
+    "awq-int4",
+    "w4a16-ct",
+}
 
 # Checkpoints with static FP8 input scales, which the CPU MoE experts do not
 # use (W8A16): their log must say so.
@@ -309,9 +316,7 @@ def test_moe_path_is_the_expected_one(quantized: Served) -> None:
         f" (AMX kernels: {LIBRARIES.get(server.library or '', False)})"
     )
     if dequant and server.variant.name in STATIC_INPUT_SCALES:
-        assert "the checkpoint's static input scales are ignored" in log, (
-            quantized.name
-        )
+        assert "the checkpoint's static input scales are ignored" in log, quantized.name
 
 
 # 16 distinct fixed prompts for the concurrency test.

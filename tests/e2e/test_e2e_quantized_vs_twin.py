@@ -89,7 +89,7 @@ class Variant:
 def variants() -> list[Variant]:
     out = [Variant(s, s, (), online=False) for s in lib.quantized_schemes()]
     out.append(Variant("online-fp8", "bf16", ("--quantization", "fp8"), online=True))
-    # Online int8 experts (W8A16, attention in bf16); experts_int8 is
+    # Online int8 experts (int8 weights, attention in bf16); experts_int8 is
     # deprecated upstream, so it needs the opt-in flag.
     out.append(
         Variant(
@@ -119,9 +119,9 @@ FAMILIES = {
 }
 
 # Variants whose experts upstream's AMX kernels serve when they run
-# (CPUExpertsFp8 block W8A16, CPUExpertsInt8 W8A8 and online W8A16,
+# (CPUExpertsFp8 block W8A16, CPUExpertsInt8 W8A8, also for online int8,
 # CPUExpertsInt4); everything else, and everything where the AMX kernels do
-# not run, takes the fork's CPUDequantExperts* classes.
+# not run, takes the fork's x86 kernels or CPUDequantExperts* classes.
 AMX_UPSTREAM = {
     "fp8-block",
     "w8a8-int8",
@@ -176,10 +176,28 @@ def servers() -> list[Server]:
     return out
 
 
-def uses_dequant_experts(server: Server) -> bool:
-    """Whether the server's MoE layers must run the fork's CPUDequantExperts*."""
+# Variants whose experts the fork's x86 kernels serve where upstream's AMX
+# kernels do not run, by the experts class their log names (online int8 runs
+# W8A8, as upstream's AMX and Arm experts run it).
+X86_KERNELS = {
+    "fp8-tensor": "X86CPUExpertsFp8",
+    "fp8-channel-ct": "X86CPUExpertsFp8",
+    "fp8-block": "X86CPUExpertsFp8",
+    "online-fp8": "X86CPUExpertsFp8",
+    "mxfp8-modelopt": "X86CPUExpertsMxfp8",
+    "w8a8-int8": "X86CPUExpertsInt8",
+    "online-int8": "X86CPUExpertsInt8",
+}
+
+
+def expected_experts(server: Server) -> str | None:
+    """The experts class the server's MoE layers must run and its log name:
+    None for upstream's AMX experts, the fork's C++ kernels where they serve
+    the scheme, CPUDequantExperts* everywhere else."""
     amx = LIBRARIES.get(server.library or "", False)
-    return not (amx and server.variant.name in AMX_UPSTREAM)
+    if amx and server.variant.name in AMX_UPSTREAM:
+        return None
+    return X86_KERNELS.get(server.variant.name, "CPUDequantExperts")
 
 
 @dataclass
@@ -300,18 +318,21 @@ def test_greedy_matches_twin(quantized: Served) -> None:
 def test_moe_path_is_the_expected_one(quantized: Served) -> None:
     """The server loaded the kernel library it was asked for, and its MoE
     layers took the path that library and scheme call for: upstream's AMX
-    experts where they run and serve the scheme, the fork's
-    CPUDequantExperts* everywhere else."""
+    experts where they run and serve the scheme, the fork's C++ kernels where
+    they serve it, CPUDequantExperts* everywhere else."""
     server = quantized.server
     log = lib.log_path(quantized.name).read_text(errors="replace")
     if server.library is not None:
         assert f"CPU kernel library: {server.library}" in log, quantized.name
+    expected = expected_experts(server)
     dequant = "Using CPUDequantExperts" in log
-    assert dequant == uses_dequant_experts(server), (
+    assert dequant == (expected == "CPUDequantExperts"), (
         f"{quantized.name}: CPUDequantExperts {'taken' if dequant else 'not taken'}"
         f" (AMX kernels: {LIBRARIES.get(server.library or '', False)})"
     )
-    if dequant and server.variant.name in STATIC_INPUT_SCALES:
+    if expected is not None:
+        assert f"Using {expected}" in log, f"{quantized.name}: {expected} not taken"
+    if expected is not None and server.variant.name in STATIC_INPUT_SCALES:
         assert "the checkpoint's static input scales are ignored" in log, quantized.name
 
 

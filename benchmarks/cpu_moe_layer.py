@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One MoE layer on CPU: each quantized kernel next to bf16, per token count.
+
+The question: how fast is a quantized MoE layer against bf16 on this CPU, at
+Qwen3-30B-A3B's shape (128 experts, top-8, hidden 2048, intermediate 768)?
+Each row times the kernels the fork selects, called as its experts classes
+call them, in one process and one run:
+
+* bf16: upstream's cpu_fused_moe ("vec" micro-GEMM, weights prepacked);
+* int8-w8a8: cpu_fused_moe_int8 with the x86 micro-GEMM ("vec");
+* fp8-block, fp8-channel, mxfp8, int8-w8a16, int4-g128: cpu_fused_moe_wq
+  on the weights as checkpoints store them (FP8 with 128x128, per-channel
+  or E8M0 group-32 scales; INT8 per channel; UINT4 with groups of 128);
+* int8-w8a8-dequant, fp8-block-dequant, int4-g128-dequant: the
+  CPUDequantExperts* per-expert loops (what x86 without AMX ran before the
+  micro-GEMMs, and the fallback now), with --dequant.
+
+Every call routes its tokens to fresh random experts, and the last-level
+cache is evicted before it (a served model's layers do not fit in cache
+together; --warm-cache keeps it). Median of the calls made in
+--seconds per cell, after warm-up; ratio = bf16 time / kernel time.
+
+Not a test; it asserts nothing. From the repository root with the fork built:
+
+    VLLM_CPU_X86_KERNELS=avx2 .venv/bin/python benchmarks/cpu_moe_layer.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def _routing(calls: int, tokens: int, experts: int, topk: int):
+    for _ in range(calls):
+        logits = torch.randn(tokens, experts)
+        weights, ids = torch.topk(torch.softmax(logits, -1), topk)
+        yield weights.contiguous(), ids.to(torch.int32).contiguous()
+
+
+def _last_level_cache_bytes() -> int:
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        text = (index / "size").read_text().strip()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        sizes.append(int(text.rstrip("KMG")) * units.get(text[-1], 1))
+    return max(sizes, default=64 << 20)
+
+
+def _time(
+    fn, tokens: int, experts: int, topk: int, seconds: float, evict: torch.Tensor | None
+) -> float:
+    for weights, ids in _routing(3, tokens, experts, topk):
+        fn(weights, ids)
+    times = []
+    deadline = time.perf_counter() + seconds
+    routes = _routing(10**9, tokens, experts, topk)
+    while time.perf_counter() < deadline or len(times) < 5:
+        weights, ids = next(routes)
+        if evict is not None:
+            evict.add_(1)
+        start = time.perf_counter()
+        fn(weights, ids)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=768)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--dequant", action="store_true")
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="do not evict the last-level cache before each call",
+    )
+    args = parser.parse_args()
+
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    E, H, N = args.experts, args.hidden, args.intermediate
+    torch.manual_seed(0)
+    w13 = torch.randn(E, 2 * N, H, dtype=torch.bfloat16) / H**0.5
+    w2 = torch.randn(E, H, N, dtype=torch.bfloat16) / N**0.5
+
+    kernels = {}
+    packed13 = ops.cpu_prepack_moe_weight(w13, "vec")
+    packed2 = ops.cpu_prepack_moe_weight(w2, "vec")
+
+    def bf16(x):
+        def run(weights, ids):
+            out = torch.empty_like(x)
+            ops.cpu_fused_moe(
+                out, x, packed13, packed2, None, None, weights, ids, "silu", "vec"
+            )
+
+        return run
+
+    kernels["bf16"] = bf16
+
+    def per_channel(w):
+        scale = w.float().abs().amax(-1) / 127.0
+        return (w.float() / scale[..., None]).round().to(torch.int8), scale
+
+    q13, s13 = per_channel(w13)
+    q2, s2 = per_channel(w2)
+    del w13, w2
+    if hasattr(torch.ops._C, "cpu_fused_moe_int8"):
+        i13 = ops.cpu_prepack_moe_weight_int8(q13, "vec")
+        i2 = ops.cpu_prepack_moe_weight_int8(q2, "vec")
+
+        def int8(x):
+            def run(weights, ids):
+                out = torch.empty_like(x)
+                ops.cpu_fused_moe_int8(
+                    out, x, i13, i2, s13, s2, None, None, weights, ids, "silu", "vec"
+                )
+
+            return run
+
+        kernels["int8-w8a8"] = int8
+    if hasattr(torch.ops._C, "cpu_fused_moe_wq"):
+        # weight-only schemes as checkpoints store them, through cpu_fused_moe_wq
+        f13 = (q13.float() / 2).to(torch.float8_e4m3fn).view(torch.uint8)
+        f2 = (q2.float() / 2).to(torch.float8_e4m3fn).view(torch.uint8)
+        u13 = (q13.to(torch.int16).div(16, rounding_mode="floor") + 8).to(torch.uint8)
+        u2 = (q2.to(torch.int16).div(16, rounding_mode="floor") + 8).to(torch.uint8)
+        u13 = (u13[..., 0::2] | (u13[..., 1::2] << 4)).contiguous()
+        u2 = (u2[..., 0::2] | (u2[..., 1::2] << 4)).contiguous()
+        wq = {
+            "fp8-block": (f13, f2, "fp8_e4m3", (128, 128)),
+            "fp8-channel": (f13, f2, "fp8_e4m3", None),
+            "mxfp8": (f13, f2, "fp8_e4m3", None),
+            "int8-w8a16": (q13, q2, "int8", None),
+            "int4-g128": (u13, u2, "uint4", None),
+        }
+
+        def scales(name, n, k):
+            if name == "fp8-block":
+                return torch.rand(E, n // 128, k // 128)
+            if name == "mxfp8":
+                return torch.randint(118, 122, (E, n, k // 32), dtype=torch.uint8)
+            if name == "int4-g128":
+                return torch.rand(E, n, k // 128)
+            return torch.rand(E, n, 1)
+
+        def weight_only(name):
+            w13q, w2q, weight_type, block = wq[name]
+            s13q, s2q = scales(name, 2 * N, H), scales(name, H, N)
+
+            def make(x):
+                def run(weights, ids):
+                    out = torch.empty_like(x)
+                    ops.cpu_fused_moe_wq(
+                        out, x, w13q, w2q, s13q, s2q, None, None, None, None,
+                        weights, ids, "silu", weight_type, block,
+                    )
+
+                return run
+
+            return make
+
+        for name in wq:
+            kernels[name] = weight_only(name)
+    if args.dequant:
+        import vllm.model_executor.layers.fused_moe.experts.cpu_moe  # noqa: F401
+
+        def int8_dequant(x):
+            def run(weights, ids):
+                out = torch.empty_like(x)
+                torch.ops.vllm.cpu_dequant_moe(
+                    out, x, q13, q2, weights, ids, None, s13, s2, None, None,
+                    None, None, "CPUDequantExpertsInt8", "silu", 0, 0, True,
+                    False, None,
+                )
+
+            return run
+
+        kernels["int8-w8a8-dequant"] = int8_dequant
+
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
+            prepare_int4_moe_weight_for_cpu_dequant,
+        )
+
+        def dequant(name, w13d, w2d, s13d, s2d, z13, z2, block):
+            def make(x):
+                def run(weights, ids):
+                    out = torch.empty_like(x)
+                    torch.ops.vllm.cpu_dequant_moe(
+                        out, x, w13d, w2d, weights, ids, None, s13d, s2d, z13,
+                        z2, None, None, name, "silu", *block, False, False,
+                        None,
+                    )
+
+                return run
+
+            return make
+
+        f13d = (q13.float() / 2).to(torch.float8_e4m3fn)
+        f2d = (q2.float() / 2).to(torch.float8_e4m3fn)
+        kernels["fp8-block-dequant"] = dequant(
+            "CPUDequantExpertsFp8", f13d, f2d,
+            torch.rand(E, 2 * N // 128, H // 128), torch.rand(E, H // 128, N // 128),
+            None, None, (128, 128),
+        )
+        v13 = (q13.to(torch.int16).div(16, rounding_mode="floor") + 8)
+        v2 = (q2.to(torch.int16).div(16, rounding_mode="floor") + 8)
+        p13, ps13, _ = prepare_int4_moe_weight_for_cpu_dequant(
+            v13, torch.rand(E, 2 * N, H // 128), None, torch.bfloat16
+        )
+        p2, ps2, _ = prepare_int4_moe_weight_for_cpu_dequant(
+            v2, torch.rand(E, H, N // 128), None, torch.bfloat16
+        )
+        kernels["int4-g128-dequant"] = dequant(
+            "CPUDequantExpertsWNA16", p13, p2, ps13, ps2, None, None, (-1, -1)
+        )
+
+    # A served model's layers do not fit in cache together (a 48-layer
+    # Qwen3-30B-A3B holds 30 GB of bf16 experts): each call finds its weights
+    # in memory, unless --warm-cache.
+    evict = None
+    if not args.warm_cache:
+        evict = torch.zeros(2 * _last_level_cache_bytes() // 4, dtype=torch.int32)
+    library = getattr(current_platform, "x86_kernel_library", None)
+    print(
+        f"MoE layer E={E} top-{args.topk} hidden={H} intermediate={N}, "
+        f"{torch.get_num_threads()} threads, kernel library {library}, "
+        f"{'warm' if args.warm_cache else 'cold'} cache"
+    )
+    names = list(kernels)
+    print(f"{'M':>5} " + " ".join(f"{n + ' ms':>22}" for n in names))
+    for tokens in args.tokens:
+        x = torch.randn(tokens, H, dtype=torch.bfloat16)
+        times = {
+            n: _time(kernels[n](x), tokens, E, args.topk, args.seconds, evict)
+            for n in names
+        }
+        cells = [f"{times[n] * 1e3:>10.3f} ({times['bf16'] / times[n]:4.2f}x)" for n in names]
+        print(f"{tokens:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -176,8 +176,10 @@ def install_series_libraries(
     built = cxx.build_libraries(fork, tree, artifacts.fetch(fork, wheel))
     files = [f"vllm/{name}.wheel.so" for name in built]
     for name, sources in built.items():
-        print(f"vllm/{name}.abi3.so: the wheel's plus {', '.join(sources)}",
-              file=sys.stderr)
+        print(
+            f"vllm/{name}.abi3.so: the wheel's plus {', '.join(sources)}",
+            file=sys.stderr,
+        )
     stamps.set("series_libraries", key, files=files)
 
 

@@ -154,7 +154,9 @@ def registered_ops(bindings: str) -> list[Op]:
 
 def defines(source_text: str, function: str) -> bool:
     return bool(
-        re.search(rf"^(?:[\w:<>,]+[ \t]+)+{function}\s*\([^;{{]*\)\s*\{{", source_text, re.M)
+        re.search(
+            rf"^(?:[\w:<>,]+[ \t]+)+{function}\s*\([^;{{]*\)\s*\{{", source_text, re.M
+        )
     )
 
 
@@ -207,7 +209,12 @@ def _torch_paths(python: str) -> tuple[list[str], str, str, str]:
         [python, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     abi, version = lines[2].split()
-    return lines[0].split(os.pathsep), lines[1], f"-D_GLIBCXX_USE_CXX11_ABI={abi}", version
+    return (
+        lines[0].split(os.pathsep),
+        lines[1],
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        version,
+    )
 
 
 def _compiler() -> tuple[str, str]:
@@ -353,7 +360,9 @@ def build_libraries(fork: Fork, tree: Path, wheel_path: Path) -> dict[str, list[
         mine = [op for op in ops if any(defines(t, op.function) for t in texts)]
         kept = package / f"{library.name}.wheel.so"
         stub = registration(mine, kept.read_bytes())
-        stub_path = generated / (hashlib.sha256(stub.encode()).hexdigest()[:32] + ".cpp")
+        stub_path = generated / (
+            hashlib.sha256(stub.encode()).hexdigest()[:32] + ".cpp"
+        )
         stub_path.write_text(stub)
         objects = []
         for source in [*(tree / s for s in wanted[library.name]), stub_path]:

@@ -341,8 +341,7 @@ def test_plan_for_the_real_base_config():
     assert mypy["entry"] == declared[mypy_id]["entry"]
     assert mypy["language"] == "python"
     assert (
-        mypy["additional_dependencies"]
-        == declared[mypy_id]["additional_dependencies"]
+        mypy["additional_dependencies"] == declared[mypy_id]["additional_dependencies"]
     )
     assert any(d.startswith("mypy") for d in mypy["additional_dependencies"])
     venv_bin = str(fork.venv_dir / "bin") + os.sep

@@ -16,6 +16,7 @@ from . import (
     status,
     testing,
     tree,
+    trial,
     upstream,
 )
 from .errors import ForkError
@@ -45,9 +46,30 @@ def main(argv: list[str] | None = None) -> int:
     verbs.add_parser("version", help="print the version string the build installs")
     p = verbs.add_parser(
         "rebase",
-        help="try the series on a newer upstream release; report per patch",
+        help="move the series onto a newer upstream release, stopping at conflicts",
     )
-    p.add_argument("--onto", required=True, metavar="VERSION", help="upstream release")
+    p.add_argument("--onto", metavar="VERSION", help="upstream release")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="take the resolved tree as the current patch and go on",
+    )
+    step.add_argument(
+        "--skip", action="store_true", help="drop the current patch and go on"
+    )
+    step.add_argument(
+        "--abort",
+        action="store_true",
+        help="remove the rebase's tree and state (the old line stays as it is)",
+    )
+    step.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only report an outcome per patch, in a trial tree of its own",
+    )
+    p.add_argument("--reason", help="with --skip: why the patch is dropped")
     p.add_argument(
         "--sha256", help="the target sdist's sha256 (default: fork.toml [rebase.sdist])"
     )
@@ -55,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         "--report",
         type=Path,
         metavar="PREFIX",
-        help="write PREFIX.json and PREFIX.md (default: build/rebase-VERSION/report)",
+        help="with --dry-run: write PREFIX.json and PREFIX.md "
+        "(default: build/rebase-VERSION/report)",
     )
-    p.add_argument("--force", action="store_true", help="replace build/rebase-VERSION/")
+    p.add_argument(
+        "--force", action="store_true", help="start again over a rebase in progress"
+    )
     p = verbs.add_parser(
         "upstream",
         help="write a patch as its contributor sends it upstream (DCO sign-off)",
@@ -100,23 +125,45 @@ def main(argv: list[str] | None = None) -> int:
             path = upstream.for_upstream(fork, args.patch, args.signoff, args.out)
             print(f"{path}: `git am -k` it on upstream main and open the pull request")
         elif args.verb == "rebase":
-            result = rebase.rebase(
-                fork, args.onto, args.sha256, args.report, force=args.force
-            )
-            counts = result.counts()
-            print(
-                f"{len(result.patches)} patches onto {args.onto}: "
-                + ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
-            )
-            print(f"tree at the last good patch: {result.tree}")
-            if result.remaining:
-                print(
-                    f"{len(result.remaining)} patch(es) still to apply: see the report"
-                )
-                return 2
+            return _rebase(fork, args, parser)
     except ForkError as e:
         print(f"forkctl {args.verb}: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _rebase(
+    fork: config.Fork, args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> int:
+    if args.reason is not None and not args.skip:
+        parser.error("--reason goes with --skip")
+    if args.report is not None and not args.dry_run:
+        parser.error("--report goes with --dry-run")
+    if args.resume:
+        return rebase.resume(fork, args.onto)
+    if args.skip:
+        return rebase.skip(fork, args.reason, args.onto)
+    if args.abort:
+        target = rebase.abort(fork, args.onto)
+        print(f"rebase onto {target} aborted: ./tree, patches/ and fork.toml as before")
+        return 0
+    if not args.onto:
+        parser.error("--onto VERSION is needed (or --continue, --skip, --abort)")
+    if not args.dry_run:
+        return rebase.start(fork, args.onto, args.sha256, force=args.force)
+    result = trial.dry_run(fork, args.onto, args.sha256, args.report)
+    counts = result.counts()
+    print(
+        f"{len(result.patches)} patches onto {args.onto}: "
+        + ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+    )
+    print(f"the trial: {result.tree}")
+    if counts[trial.CONFLICTS] or counts[trial.BREAKS]:
+        print(
+            f"{counts[trial.CONFLICTS] + counts[trial.BREAKS]} patch(es) to work on: "
+            "see the report"
+        )
+        return 2
     return 0
 
 

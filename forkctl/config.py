@@ -36,6 +36,10 @@ class Fork:
     build_outputs: tuple[str, ...] = ()
     # sha256 of upstream sdists `rebase --onto` targets, by version.
     rebase_pins: dict[str, str] = field(default_factory=dict)
+    # The targets' wheel sha256 by wheel name and version, and torch by version,
+    # for the pins a finished rebase moves.
+    rebase_wheels: dict[str, dict[str, str]] = field(default_factory=dict)
+    rebase_torch: dict[str, str] = field(default_factory=dict)
 
     @property
     def project(self) -> str:
@@ -126,5 +130,12 @@ def load(root: Path | None = None, line: str | None = None) -> Fork:
         rebase_pins={
             str(version): str(digest).lower()
             for version, digest in data.get("rebase", {}).get("sdist", {}).items()
+        },
+        rebase_wheels={
+            str(name): {str(v): str(d).lower() for v, d in pins.items()}
+            for name, pins in data.get("rebase", {}).get("wheels", {}).items()
+        },
+        rebase_torch={
+            str(v): str(t) for v, t in data.get("rebase", {}).get("torch", {}).items()
         },
     )

@@ -38,8 +38,9 @@ def slug(subject: str, limit: int = 64) -> str:
     return name[:limit]
 
 
-def export(fork: Fork) -> list[str]:
-    tree = fork.tree_dir
+def export(fork: Fork, tree: Path | None = None) -> list[str]:
+    """The commits of ``tree`` (default: the fork's tree) after its base."""
+    tree = tree or fork.tree_dir
     if not (tree / ".git").is_dir():
         raise ForkError(f"no tree at {tree}: run `forkctl sync` first")
     commits = out(tree, "rev-list", "--reverse", f"{BASE_TAG}..HEAD").split()

@@ -250,8 +250,9 @@ def origin_problems(patch: Patch, base_version: str | None = None) -> list[str]:
         base = _version_key(base_version) if base_version else None
         if accepted and base and accepted <= base:
             problems.append(
-                f"Upstream-Status {status!r}: the base {base_version} already "
-                "carries it, so the patch should be dropped"
+                f"Upstream-Status {status!r} says the base {base_version} already "
+                "carries it: drop the patch if the base has its change, else "
+                "correct the trailer"
             )
     elif status == "Not-needed" and origins:
         problems.append(

@@ -1,111 +1,86 @@
-"""rebase --onto VERSION: try the series on a newer upstream release and report.
+"""rebase: move the series onto a newer upstream release, patch by patch.
 
-The target's sdist is fetched through pip's index and verified (against the
-pin in fork.toml ``[rebase.sdist]`` or ``--sha256``, else against the sha256
-the index publishes, which is printed so that it can be pinned). It becomes
-the base of a new tree, ``build/rebase-<version>/tree`` (``./tree`` and the
-pins are left alone). The old base plus the series is fetched into the same
-repository first, so that ``git am -3`` finds every blob the patches' full
-``index`` lines name and can fall back to a three-way merge.
+``rebase --onto VERSION`` unpacks the target's sdist (verified against
+``--sha256``, fork.toml ``[rebase.sdist]``, or else the sha256 the index
+publishes, printed to be pinned) as the base of ``build/rebase-VERSION/tree``,
+fetches the old base plus the series into it (the blobs ``git am -3`` needs),
+and applies the series in order:
 
-Each patch gets one outcome:
+- a patch whose whole change the target already has (every hunk applies in
+  reverse, the files it creates exist with its content, or the three-way merge
+  leaves nothing) is dropped as absorbed, with the reason recorded;
+  ``Upstream-Status: Accepted <v>`` alone never drops one: a patch it calls
+  accepted whose content is not in the target is kept, and said so. A partly
+  absorbed patch is applied with ``-3``: its commit carries what remains;
+- the others are applied with ``git am``, else ``git am -3``;
+- at the first patch that does not apply it stops, with the conflict in place
+  in the tree (``git am`` in progress) and the state in
+  ``build/rebase-VERSION/state.json`` (target, patches done, the current one,
+  the skipped ones with reasons; no machine paths).
 
-- ``absorbed``: its ``Upstream-Status: Accepted <v>`` has v <= the target, or
-  the target already contains its change (it reverse-applies, or the merge
-  leaves nothing to commit); it is skipped. Whether an ``Origin:`` pull
-  request is merged cannot be checked offline: only the Accepted version and
-  the target's content count;
-- ``applies``: ``git am`` applies it (an offset is noted);
-- ``applies with 3-way``: only ``git am -3`` applies it; lines it adds that
-  now occur more often than in the patch's own result are noted, as a merge
-  that kept both upstream's and the patch's copy of a change;
-- ``conflicts``: the files the merge leaves conflicted, their conflict
-  regions, and the patch's hunks whose lines are not in the target; it is
-  skipped, so later patches are tried without it;
-- ``applies but breaks``: it applies, but afterwards a file it touches does
-  not byte-compile, ruff reports something new in it, a module of the package
-  it touches stops importing (compared with the state before the patch), or
-  a CI file it changes names a test file that does not exist.
+Then ``rebase --continue`` takes the resolved tree as that patch (its own
+message and author) and goes on; ``rebase --skip [--reason TEXT]`` drops it;
+``rebase --abort`` removes the tree and the state (``./tree``, ``patches/`` and
+fork.toml are not touched before the end). At the end the series is exported
+to ``patches/``, fork.toml's pins move to the target (the sdist always; a wheel
+or torch only where ``[rebase.wheels.NAME]`` or ``[rebase.torch]`` pins the
+target's: the rest is listed as left to move) and ``check`` runs.
 
-The report is written as JSON and as a Markdown table. The tree is left at
-the last good patch (``main``, with the trial of the whole series on branch
-``rebase-trial``), and ``remaining.mbox`` holds the patches still to apply:
-``git am -3 --keep --keep-cr ../remaining.mbox``, resolve, ``git am
---continue``; then ``FORK_TREE=build/rebase-<version>/tree forkctl export``
-and pin the target in fork.toml.
+``rebase --onto VERSION --dry-run`` (forkctl.trial) only reports: an outcome
+per patch, in a tree of its own, without stopping.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import artifacts, patchfile, series
+from . import absorbed, artifacts, check, config, export, patchfile, pins, series
 from .config import Artifact, Fork
 from .errors import ForkError
 from .git import BASE_IDENTITY, clean_env, git, out
-from .tree import BASE_TAG, apply_series, commit_base, mark_synced, unpack_sdist
+from .tree import BASE_TAG, apply_series, commit_base, unpack_sdist
 
-APPLIES = "applies"
-THREE_WAY = "applies with 3-way"
-CONFLICTS = "conflicts"
-ABSORBED = "absorbed"
-BREAKS = "applies but breaks"
-OUTCOMES = (APPLIES, THREE_WAY, CONFLICTS, ABSORBED, BREAKS)
-TRIAL_BRANCH = "rebase-trial"
 OLD_SERIES = "refs/forkctl/old-series"
 AM = ("am", "--keep", "--keep-cr", "--quiet")
-# A test file named in a CI file (pytest arguments, source_file_dependencies).
-TEST_FILE = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*test_\w+\.py)\b")
-IMPORT_SCRIPT = """\
-import importlib, json, sys
-result = {}
-for name in sys.argv[1:]:
+STATE = "state.json"
+APPLIES = "applies"
+THREE_WAY = "applies with 3-way"
+RESOLVED = "resolved by hand"
+
+
+def work_dir(fork: Fork, version: str) -> Path:
+    return fork.root / "build" / f"rebase-{version}"
+
+
+def rel(fork: Fork, path: Path) -> str:
     try:
-        importlib.import_module(name)
-        result[name] = None
-    except BaseException as e:
-        result[name] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-print("FORKCTL-IMPORTS " + json.dumps(result))
-"""
+        return str(path.relative_to(fork.root))
+    except ValueError:
+        return str(path)
 
 
-@dataclass
-class PatchReport:
-    name: str
-    subject: str
-    outcome: str
-    upstream_status: str | None
-    origins: list[str]
-    details: list[str] = field(default_factory=list)
-    conflicts: dict[str, list[str]] = field(default_factory=dict)
-
-
-@dataclass
-class Report:
-    base: str
-    target: str
-    sdist: str
-    sha256: str
-    sha256_source: str
-    tree: str
-    last_good: str | None
-    remaining: list[str]
-    notes: list[str]
-    patches: list[PatchReport]
-
-    def counts(self) -> dict[str, int]:
-        counted = Counter(p.outcome for p in self.patches)
-        return {outcome: counted.get(outcome, 0) for outcome in OUTCOMES}
+def portable(text: str, fork: Fork) -> str:
+    """The text without the machine's paths: the repository's own become
+    relative, the venv's and cache's named by their variables, home as ~."""
+    home = str(Path.home())
+    places = [
+        (str(fork.root) + "/", ""),
+        (str(fork.root), "."),
+        (str(fork.venv_dir), "$FORK_VENV"),
+        (str(fork.cache_dir), "$FORK_CACHE"),
+        (sys.executable, "python3"),
+        (tempfile.gettempdir() + "/", "$TMPDIR/"),
+    ]
+    if len(home) > 1:
+        places.append((home, "~"))
+    for path, name in sorted(places, key=lambda p: -len(p[0])):
+        text = text.replace(path, name)
+    return text
 
 
 def target_artifact(
@@ -141,177 +116,98 @@ def target_artifact(
     ), "the sha256 the index publishes (not pinned yet)"
 
 
-def _am_env() -> dict[str, str]:
+def am_env() -> dict[str, str]:
     return clean_env(**{k: v for k, v in BASE_IDENTITY.items() if "COMMITTER" in k})
 
 
-def _python(fork: Fork) -> str:
-    venv_python = fork.venv_dir / "bin" / "python"
-    return str(venv_python) if venv_python.is_file() else sys.executable
+def series_names(fork: Fork) -> list[str]:
+    names = series.read(fork.series_file)
+    for name in names:
+        if not (fork.patches_dir / name).is_file():
+            raise ForkError(f"{name}: listed in patches/series but not in patches/")
+    return names
 
 
-def _ruff(fork: Fork) -> str | None:
-    venv_ruff = fork.venv_dir / "bin" / "ruff"
-    return str(venv_ruff) if venv_ruff.is_file() else shutil.which("ruff")
-
-
-class Checker:
-    """What `applies but breaks` looks at, before and after each patch."""
-
-    def __init__(self, fork: Fork, tree: Path) -> None:
-        self.fork = fork
-        self.tree = tree
-        self.package = re.sub(r"[-.]+", "_", fork.project).lower()
-        self.python = _python(fork)
-        self.ruff = _ruff(fork)
-        self.imports: dict[str, str | None] = {}  # last known result per module
-
-    def module(self, path: str) -> str | None:
-        """The dotted name of a .py file inside the project's package, if any."""
-        parts = path[: -len(".py")].split("/") if path.endswith(".py") else []
-        if not parts or parts[0] != self.package:
-            return None
-        for i in range(1, len(parts)):
-            if not (self.tree / "/".join(parts[:i]) / "__init__.py").is_file():
-                return None
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        return ".".join(parts)
-
-    def run_imports(self, modules: list[str]) -> dict[str, str | None]:
-        if not modules:
-            return {}
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(self.tree),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        env.pop("PYTHONHOME", None)
-        try:
-            proc = subprocess.run(
-                [self.python, "-c", IMPORT_SCRIPT, *modules],
-                cwd=self.tree,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-        except subprocess.TimeoutExpired:
-            return dict.fromkeys(modules, "the import timed out after 600 s")
-        for line in proc.stdout.splitlines():
-            if line.startswith("FORKCTL-IMPORTS "):
-                return json.loads(line[len("FORKCTL-IMPORTS ") :])
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return dict.fromkeys(modules, f"the import process died: {tail[0]}")
-
-    def baseline(self, patches: list[patchfile.Patch]) -> None:
-        modules = {self.package}
-        for patch in patches:
-            for diff in patch.files:
-                name = self.module(diff.path)
-                if name and (self.tree / diff.path).is_file():
-                    modules.add(name)
-        self.imports.update(self.run_imports(sorted(modules)))
-
-    def ruff_findings(self, paths: list[str]) -> Counter[tuple[str, str, str]]:
-        files = [p for p in paths if p.endswith(".py") and (self.tree / p).is_file()]
-        if not self.ruff or not files:
-            return Counter()
-        proc = subprocess.run(
-            [self.ruff, "check", "--no-cache", "--output-format=json", "--", *files],
-            cwd=self.tree,
-            capture_output=True,
-            text=True,
+def prepare(fork: Fork, version: str, target: Artifact, tree: Path) -> list[str]:
+    """The target as the base (tag ``base``) of a new tree at ``tree``, with the
+    old base plus the series fetched into it; the old series' commits, in order."""
+    names = series_names(fork)
+    new_sdist = artifacts.fetch(fork, target)
+    old_sdist = artifacts.fetch(fork, fork.sdist)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="old-", dir=tree.parent) as scratch:
+        old = Path(scratch) / "src"
+        unpack_sdist(old_sdist, old)
+        commit_base(old, fork, f"vLLM {fork.version} (previous base)")
+        apply_series(fork, old)
+        unpack_sdist(new_sdist, tree)
+        commit_base(
+            tree,
+            fork,
+            f"vLLM {version} (rebase target)\n\nUnpacked from {target.filename}, "
+            f"sha256 {target.sha256}.",
         )
-        try:
-            found = json.loads(proc.stdout or "[]")
-        except json.JSONDecodeError:
-            return Counter({("", "ruff", (proc.stderr or proc.stdout).strip()): 1})
-        return Counter(
-            (
-                os.path.relpath(d["filename"], self.tree),
-                d.get("code") or "",
-                d.get("message", ""),
-            )
-            for d in found
+        git(tree, "fetch", "-q", "--no-tags", str(old), f"main:{OLD_SERIES}")
+    git(tree, "tag", BASE_TAG)
+    old_commits = old_series(tree)
+    if len(old_commits) != len(names):
+        raise ForkError("the series does not apply to its own base: run check")
+    git(tree, "tag", "-f", "old-base", f"{OLD_SERIES}~{len(names)}")
+    return old_commits
+
+
+def old_series(tree: Path) -> list[str]:
+    return out(tree, "rev-list", "--reverse", OLD_SERIES).split()[1:]
+
+
+def accepted_in(patch: patchfile.Patch, version: str) -> str | None:
+    """The version of an ``Upstream-Status: Accepted <v>`` with v <= version."""
+    status = patch.upstream_status or ""
+    if not status.startswith("Accepted "):
+        return None
+    accepted = patchfile._version_key(status.split(" ", 1)[1])
+    target = patchfile._version_key(version)
+    if accepted and target and accepted <= target:
+        return status.split(" ", 1)[1]
+    return None
+
+
+def content_notes(
+    patch: patchfile.Patch, found: absorbed.Absorption, version: str
+) -> list[str]:
+    """What the trailer and the content say, for a patch that is not absorbed."""
+    notes = []
+    if accepted := accepted_in(patch, version):
+        notes.append(
+            f"Upstream-Status says Accepted {accepted}, but {version} lacks "
+            f"{len(found.remaining)} of {len(found.remaining) + len(found.absorbed)} "
+            "of its hunks: kept; correct the trailer (Origin: "
+            + (", ".join(patch.trailers.get("Origin", [])) or "none")
+            + ")"
         )
-
-    def problems(
-        self, patch: patchfile.Patch, ruff_before: Counter[tuple[str, str, str]]
-    ) -> list[str]:
-        problems = []
-        touched = sorted({d.new_path for d in patch.files if d.new_path})
-        for path in touched:
-            if not path.endswith(".py") or not (self.tree / path).is_file():
-                continue
-            try:
-                compile((self.tree / path).read_bytes(), path, "exec")
-            except SyntaxError as e:
-                problems.append(f"{path}:{e.lineno}: does not compile: {e.msg}")
-        if self.ruff:
-            new = self.ruff_findings(touched) - ruff_before
-            for (path, code, message), _ in sorted(new.items()):
-                problems.append(f"{path}: ruff {code} {message}")
-        existed = dict(self.imports)
-        modules = sorted(
-            {m for p in touched if (self.tree / p).is_file() and (m := self.module(p))}
+    if found.partial:
+        notes.append(
+            f"partly absorbed: {version} already has "
+            + "; ".join(found.absorbed)
+            + " (what remains: "
+            + "; ".join(found.remaining)
+            + ")"
         )
-        results = self.run_imports(modules)
-        self.imports.update(results)
-        package_imports = existed.get(self.package, "unknown") is None
-        for name, error in results.items():
-            if error is None:
-                continue
-            before = existed.get(name, "new")
-            if before is None or (before == "new" and package_imports):
-                problems.append(f"import {name}: {error}")
-        problems += self.missing_test_files(patch)
-        for path in touched:
-            for name in sorted(self.missing_imports(path)):
-                problems.append(f"{path} imports {name}, which the tree does not have")
-        return problems
-
-    def missing_imports(self, path: str) -> set[str]:
-        """Modules of the project's package a .py file imports that have no file
-        (tests too, which the import check does not import)."""
-        if not path.endswith(".py") or not (self.tree / path).is_file():
-            return set()
-        try:
-            syntax = ast.parse((self.tree / path).read_bytes())
-        except SyntaxError:
-            return set()
-        names = set()
-        for node in ast.walk(syntax):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module)
-            elif isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-        missing = set()
-        for name in names:
-            parts = name.split(".")
-            if parts[0] != self.package:
-                continue
-            base = self.tree.joinpath(*parts)
-            if not (base.with_suffix(".py").is_file() or base.is_dir()):
-                missing.add(name)
-        return missing
-
-    def missing_test_files(self, patch: patchfile.Patch) -> list[str]:
-        """CI files the patch changes that name test files the tree lacks."""
-        problems = []
-        for diff in patch.files:
-            path = diff.new_path or ""
-            if not path.startswith((".buildkite/", ".github/")):
-                continue
-            text = (self.tree / path).read_text(errors="replace")
-            for name in sorted(set(TEST_FILE.findall(text))):
-                candidates = [self.tree / name, self.tree / "tests" / name]
-                if not any(c.is_file() for c in candidates):
-                    problems.append(f"{path} names {name}, which does not exist")
-        return problems
+    return notes
 
 
-def _conflict_regions(tree: Path, path: str) -> list[str]:
+def absorbed_reason(
+    patch: patchfile.Patch, found: absorbed.Absorption, version: str
+) -> str:
+    reason = (
+        f"absorbed: {version} already has its change (every hunk applies in reverse)"
+    )
+    if accepted := accepted_in(patch, version):
+        reason += f"; Upstream-Status Accepted {accepted} agrees"
+    return reason
+
+
+def conflict_regions(tree: Path, path: str) -> list[str]:
     target = tree / path
     if not target.is_file():
         return []
@@ -323,7 +219,14 @@ def _conflict_regions(tree: Path, path: str) -> list[str]:
     return [f"conflict markers at line(s) {', '.join(starts)}"] if starts else []
 
 
-def _hunks_not_found(patch: patchfile.Patch, tree: Path) -> dict[str, list[str]]:
+def has_markers(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    lines = path.read_text(errors="replace").split("\n")
+    return any(line.startswith(("<<<<<<< ", ">>>>>>> ")) for line in lines)
+
+
+def hunks_not_found(patch: patchfile.Patch, tree: Path) -> dict[str, list[str]]:
     """Per file, the patch's hunks whose old lines occur nowhere in the tree's file."""
     missing: dict[str, list[str]] = {}
     for diff in patch.files:
@@ -347,7 +250,11 @@ def _hunks_not_found(patch: patchfile.Patch, tree: Path) -> dict[str, list[str]]
     return missing
 
 
-def _duplicated_lines(tree: Path, old_commit: str, patch: patchfile.Patch) -> list[str]:
+def unmerged(tree: Path) -> list[str]:
+    return sorted(set(out(tree, "diff", "--name-only", "--diff-filter=U").split()))
+
+
+def duplicated_lines(tree: Path, old_commit: str, patch: patchfile.Patch) -> list[str]:
     """Lines a 3-way merge added that now occur more often than in the patch's own
     result: upstream made the same change elsewhere and the merge kept both."""
     notes = []
@@ -378,285 +285,292 @@ def _duplicated_lines(tree: Path, old_commit: str, patch: patchfile.Patch) -> li
     return notes
 
 
-def _accepted_in(patch: patchfile.Patch, version: str) -> str | None:
-    status = patch.upstream_status or ""
-    if not status.startswith("Accepted "):
-        return None
-    accepted = patchfile._version_key(status.split(" ", 1)[1])
-    target = patchfile._version_key(version)
-    if accepted and target and accepted <= target:
-        return status.split(" ", 1)[1]
-    return None
+# -- the state of a rebase in progress ------------------------------------------
 
 
-def _try_patch(
-    fork: Fork,
-    tree: Path,
-    path: Path,
-    patch: patchfile.Patch,
-    old_commit: str,
-    checker: Checker,
-    target: str,
-) -> PatchReport:
-    report = PatchReport(
-        path.name,
-        patch.subject,
-        "",
-        patch.upstream_status,
-        patch.trailers.get("Origin", []),
-    )
-    if accepted := _accepted_in(patch, target):
-        report.outcome = ABSORBED
-        report.details.append(
-            f"Upstream-Status Accepted {accepted}: {target} carries it "
-            f"(Origin: {', '.join(report.origins) or 'none'}); skipped"
-        )
-        return report
-    reverse = git(tree, "apply", "--check", "--reverse", str(path), check=False)
-    if reverse.returncode == 0:
-        report.outcome = ABSORBED
-        report.details.append("the target already has its change (it reverse-applies)")
-        return report
-    ruff_before = checker.ruff_findings(
-        sorted({d.old_path for d in patch.files if d.old_path})
-    )
-    head = out(tree, "rev-parse", "HEAD")
-    env = _am_env()
-    plain = git(tree, *AM, str(path), env=env, check=False)
-    if plain.returncode == 0:
-        report.outcome = APPLIES
+def save(work: Path, state: dict) -> None:
+    (work / STATE).write_text(json.dumps(state, indent=2, ensure_ascii=False) + "\n")
+
+
+def load(fork: Fork, version: str | None) -> tuple[Path, dict]:
+    """The rebase in progress (onto ``version``, or the only one)."""
+    if version:
+        paths = [work_dir(fork, version) / STATE]
     else:
-        git(tree, "am", "--abort", env=env, check=False)
-        merged = git(tree, *AM, "-3", str(path), env=env, check=False)
-        if merged.returncode != 0:
-            report.outcome = CONFLICTS
-            unmerged = out(tree, "diff", "--name-only", "--diff-filter=U").split()
-            conflicts: dict[str, list[str]] = {
-                p: _conflict_regions(tree, p) for p in unmerged
-            }
-            git(tree, "am", "--abort", env=env, check=False)
-            for p, hunks in _hunks_not_found(patch, tree).items():
-                conflicts.setdefault(p, []).extend(hunks)
-            if not conflicts:
-                conflicts["?"] = [(merged.stderr or merged.stdout).strip()[-300:]]
-            report.conflicts = dict(sorted(conflicts.items()))
-            report.details.append("skipped: later patches are tried without it")
-            return report
-        if out(tree, "rev-parse", "HEAD") == head:
-            report.outcome = ABSORBED
-            report.details.append(
-                "the target already has its change (the 3-way merge left nothing)"
-            )
-            return report
-        report.outcome = THREE_WAY
-        report.details += _duplicated_lines(tree, old_commit, patch)
-    if report.outcome == APPLIES:
-        report.details += _offsets(patch, tree, head)
-    if problems := checker.problems(patch, ruff_before):
-        report.details = [f"after {report.outcome}", *problems, *report.details]
-        report.outcome = BREAKS
-    return report
+        paths = sorted((fork.root / "build").glob(f"rebase-*/{STATE}"))
+    found = []
+    for path in paths:
+        if path.is_file():
+            state = json.loads(path.read_text())
+            if not state.get("finished"):
+                found.append((path.parent, state))
+    if not found:
+        raise ForkError(
+            "no rebase in progress (`forkctl rebase --onto VERSION` starts one)"
+        )
+    if len(found) > 1:
+        targets = ", ".join(state["target"] for _, state in found)
+        raise ForkError(f"rebases in progress onto {targets}: name one with --onto")
+    return found[0]
 
 
-def _offsets(patch: patchfile.Patch, tree: Path, parent: str) -> list[str]:
-    """Files where a hunk applied only at an offset (read from git at the parent:
-    a scratch copy of a large tree would cost more)."""
-    notes = []
-    for diff in patch.files:
-        if diff.old_path is None or diff.binary:
-            continue
-        text = git(tree, "show", f"{parent}:{diff.old_path}", check=False).stdout
-        lines = text.split("\n")
-        moved = 0
-        for hunk in diff.hunks:
-            start = hunk.old_start - 1 if hunk.old_lines else hunk.old_start
-            if lines[start : start + len(hunk.old_lines)] != hunk.old_lines:
-                moved += 1
-        if moved:
-            notes.append(
-                f"{diff.old_path}: {moved} of {len(diff.hunks)} hunk(s) at an offset"
-            )
-    return notes
+def am_in_progress(tree: Path) -> bool:
+    return (tree / ".git" / "rebase-apply").exists()
 
 
-def rebase(
-    fork: Fork,
-    version: str,
-    sha256: str | None = None,
-    report_prefix: Path | None = None,
-    force: bool = False,
-) -> Report:
+# -- the verbs --------------------------------------------------------------------
+
+
+def start(
+    fork: Fork, version: str, sha256: str | None = None, force: bool = False
+) -> int:
     if version == fork.version:
         raise ForkError(f"the series is already on {version}")
-    work = fork.root / "build" / f"rebase-{version}"
+    work = work_dir(fork, version)
     tree = work / "tree"
-    if tree.exists() and not force:
+    if (tree.exists() or (work / STATE).exists()) and not force:
         raise ForkError(
-            f"{tree} exists (a previous rebase, maybe with work in it); "
-            "--force replaces it"
+            f"{rel(fork, tree)} exists (a rebase onto {version} in progress or left "
+            "over): --continue, --skip or --abort it, or --force to start again"
         )
     target, source = target_artifact(fork, version, sha256)
-    new_sdist = artifacts.fetch(fork, target)
-    old_sdist = artifacts.fetch(fork, fork.sdist)
-    names = series.read(fork.series_file)
+    series_names(fork)
+    for path in (tree, work / "patches"):
+        if path.exists():
+            shutil.rmtree(path)
+    (work / STATE).unlink(missing_ok=True)
+    prepare(fork, version, target, tree)
+    # The series as it was at the start: patches/ is not touched until the end.
+    names = series_names(fork)
+    (work / "patches").mkdir()
     for name in names:
-        if not (fork.patches_dir / name).is_file():
-            raise ForkError(f"{name}: listed in patches/series but not in patches/")
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-
-    # The old base and the series, for the blobs a three-way merge needs.
-    with tempfile.TemporaryDirectory(prefix="old-", dir=work) as scratch:
-        old = Path(scratch) / "src"
-        unpack_sdist(old_sdist, old)
-        commit_base(old, fork, f"vLLM {fork.version} (previous base)")
-        apply_series(fork, old)
-        unpack_sdist(new_sdist, tree)
-        commit_base(
-            tree,
-            fork,
-            f"vLLM {version} (rebase target)\n\nUnpacked from {target.filename}, "
-            f"sha256 {target.sha256}.",
-        )
-        git(tree, "fetch", "-q", "--no-tags", str(old), f"main:{OLD_SERIES}")
-    git(tree, "tag", BASE_TAG)
-    old_commits = out(tree, "rev-list", "--reverse", OLD_SERIES).split()[1:]
-    if len(old_commits) != len(names):
-        raise ForkError("the series does not apply to its own base: run check")
-    git(tree, "tag", "-f", "old-base", f"{OLD_SERIES}~{len(names)}")
-    git(tree, "checkout", "-q", "-b", TRIAL_BRANCH)
-
-    patches = [patchfile.parse(fork.patches_dir / n) for n in names]
-    checker = Checker(fork, tree)
-    checker.baseline(patches)
-    notes = [
-        "Absorbed means: `Upstream-Status: Accepted <v>` with v <= the target, or the "
-        "target already has the patch's change. Whether an `Origin:` pull request "
-        "is merged upstream is not checked (no GitHub access).",
-        f"Imports ran with {checker.python} and PYTHONPATH=<new tree>; a failure "
-        "counts only for a module that imported before the patch (or is new while "
-        f"`import {checker.package}` worked at the target).",
-    ]
-    notes.append(
-        f"{len(checker.imports)} modules the series touches were imported at the "
-        f"target; {sum(e is not None for e in checker.imports.values())} failed there "
-        "already (not counted against any patch)."
-    )
-    if checker.ruff:
-        notes.append(
-            f"ruff: {checker.ruff} with the target's settings; only findings a patch "
-            "adds count."
-        )
-    if checker.imports.get(checker.package) is not None:
-        notes.append(
-            f"`import {checker.package}` fails at the target "
-            f"({checker.imports[checker.package]}): new modules' imports prove little"
-        )
-    if not checker.ruff:
-        notes.append("ruff: not run (no ruff in the venv or on PATH)")
-    results: list[PatchReport] = []
-    last_good: str | None = out(tree, "rev-parse", "HEAD")
-    stopped = False
-    remaining: list[str] = []
-    for name, patch, old_commit in zip(names, patches, old_commits):
-        path = fork.patches_dir / name
-        report = _try_patch(fork, tree, path, patch, old_commit, checker, version)
-        results.append(report)
-        print(f"{report.outcome:>20}  {name}", file=sys.stderr)
-        if report.outcome in (CONFLICTS, BREAKS):
-            stopped = True
-        if stopped and report.outcome != ABSORBED:
-            remaining.append(name)
-        elif not stopped and report.outcome != ABSORBED:
-            last_good = out(tree, "rev-parse", "HEAD")
-    git(tree, "checkout", "-q", "-B", "main", last_good or BASE_TAG)
-    mark_synced(fork, tree)
-    mbox = work / "remaining.mbox"
-    mbox.write_text("".join((fork.patches_dir / n).read_text() for n in remaining))
-
-    def rel(path: Path) -> str:
-        try:
-            return str(path.relative_to(fork.root))
-        except ValueError:
-            return str(path)
-
-    result = Report(
-        base=fork.version,
-        target=version,
-        sdist=target.filename,
-        sha256=target.sha256,
-        sha256_source=source,
-        tree=rel(tree),
-        last_good=(
-            None
-            if last_good == out(tree, "rev-parse", BASE_TAG)
-            else out(tree, "log", "-1", "--format=%s", last_good)
-        ),
-        remaining=remaining,
-        notes=notes,
-        patches=results,
-    )
-    prefix = report_prefix or work / "report"
-    write_report(result, prefix)
-    return result
+        shutil.copy2(fork.patches_dir / name, work / "patches" / name)
+    state = {
+        "base": fork.version,
+        "target": version,
+        "sdist": {
+            "filename": target.filename,
+            "sha256": target.sha256,
+            "verified_against": source,
+        },
+        "series": names,
+        "done": [],
+        "current": None,
+        "skipped": [],
+        "todo": list(names),
+    }
+    save(work, state)
+    return advance(fork, work, state)
 
 
-def to_json(report: Report) -> str:
-    data = asdict(report)
-    data["counts"] = report.counts()
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+def advance(fork: Fork, work: Path, state: dict) -> int:
+    """Apply the patches still to do; stop at one that does not apply."""
+    tree = work / "tree"
+    version = state["target"]
+    old = dict(zip(state["series"], old_series(tree)))
+    env = am_env()
+    while state["todo"]:
+        name = state["todo"][0]
+        path = work / "patches" / name
+        patch = patchfile.parse(path)
+        entry = {"patch": name, "subject": patch.subject}
+        found, _ = absorbed.absorption(tree, path.read_text(encoding="utf-8"))
+        if found.full:
+            entry["reason"] = absorbed_reason(patch, found, version)
+            state["skipped"].append(entry)
+            state["todo"].pop(0)
+            save(work, state)
+            print(f"{'absorbed':>20}  {name}", file=sys.stderr)
+            continue
+        notes = content_notes(patch, found, version)
+        head = out(tree, "rev-parse", "HEAD")
+        how = APPLIES
+        if git(tree, *AM, str(path), env=env, check=False).returncode != 0:
+            git(tree, "am", "--abort", env=env, check=False)
+            missing = hunks_not_found(patch, tree)
+            how = THREE_WAY
+            merged = git(tree, *AM, "-3", str(path), env=env, check=False)
+            if merged.returncode != 0:
+                conflicts = {p: conflict_regions(tree, p) for p in unmerged(tree)}
+                for p, hunks in missing.items():
+                    conflicts.setdefault(p, []).extend(hunks)
+                if not conflicts:
+                    message = (merged.stderr or merged.stdout).strip()[-300:]
+                    conflicts["?"] = [portable(message, fork)]
+                state["todo"].pop(0)
+                state["current"] = {
+                    **entry,
+                    "position": state["series"].index(name) + 1,
+                    "conflicts": dict(sorted(conflicts.items())),
+                    "notes": notes,
+                    "head": head,
+                }
+                save(work, state)
+                print(stopped(fork, work, state))
+                return 2
+            if out(tree, "rev-parse", "HEAD") == head:
+                entry["reason"] = (
+                    f"absorbed: {version} already has its change (the 3-way merge "
+                    "left nothing to commit)"
+                )
+                state["skipped"].append(entry)
+                state["todo"].pop(0)
+                save(work, state)
+                print(f"{'absorbed':>20}  {name}", file=sys.stderr)
+                continue
+            notes += duplicated_lines(tree, old[name], patch)
+        state["done"].append({**entry, "how": how, "notes": notes})
+        state["todo"].pop(0)
+        save(work, state)
+        print(f"{how:>20}  {name}", file=sys.stderr)
+        for note in notes:
+            print(f"{'':>20}  note: {note}", file=sys.stderr)
+    return finish(fork, work, state)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(report: Report) -> str:
-    counts = ", ".join(f"{n} {outcome}" for outcome, n in report.counts().items())
+def stopped(fork: Fork, work: Path, state: dict) -> str:
+    current = state["current"]
+    tree = rel(fork, work / "tree")
     lines = [
-        f"# Rebase of the series from vLLM {report.base} onto {report.target}",
-        "",
-        f"Made by `python3 -m forkctl rebase --onto {report.target}` from "
-        f"`{report.sdist}` (sha256 `{report.sha256}`, verified against "
-        f"{report.sha256_source}).",
-        "",
-        f"**{len(report.patches)} patches: {counts}.**",
-        "",
-        "| # | patch | outcome | details |",
-        "| --- | --- | --- | --- |",
+        f"stopped at patch {current['position']} of {len(state['series'])}, "
+        f"{current['patch']}: {current['subject']}",
     ]
-    for n, p in enumerate(report.patches, 1):
-        details = list(p.details)
-        for path, hunks in p.conflicts.items():
-            details.append(f"`{path}`: " + "; ".join(hunks or ["conflicted"]))
-        lines.append(
-            f"| {n} | `{p.name}` | {p.outcome} | "
-            + _cell("<br>".join(details) or "")
-            + " |"
-        )
-    lines += ["", "## Notes", ""] + [f"- {note}" for note in report.notes]
+    for path, found in current["conflicts"].items():
+        lines.append(f"  {path}: " + "; ".join(found or ["conflicted"]))
+    for note in current["notes"]:
+        lines.append(f"  note: {note}")
     lines += [
-        "",
-        "## Continuing",
-        "",
-        f"The tree `{report.tree}` is at the last good patch"
-        + (f" ({report.last_good})" if report.last_good else " (the new base)")
-        + f"; branch `{TRIAL_BRANCH}` has the whole trial. To go on:",
-        "",
-        "```bash",
-        f"cd {report.tree}",
-        "git am -3 --keep --keep-cr ../remaining.mbox   # resolve, git add, "
-        "git am --continue",
-        f"cd - && FORK_TREE={report.tree} python3 -m forkctl export",
-        f"# then pin {report.sdist} in fork.toml [upstream] and [upstream.sdist]",
-        "```",
-        "",
+        f"The conflict is in place in {tree}. Resolve it there, then:",
+        "  python3 -m forkctl rebase --continue               # the tree is the patch",
+        "  python3 -m forkctl rebase --skip --reason 'WHY'    # drop the patch",
+        "  python3 -m forkctl rebase --abort                  # keep the old line",
     ]
     return "\n".join(lines)
 
 
-def write_report(report: Report, prefix: Path) -> None:
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    prefix.with_name(prefix.name + ".json").write_text(to_json(report))
-    prefix.with_name(prefix.name + ".md").write_text(to_markdown(report))
+def resume(fork: Fork, version: str | None = None) -> int:
+    """--continue: the resolved tree is the current patch."""
+    work, state = load(fork, version)
+    current = state["current"]
+    if current is None:  # interrupted between two patches
+        return advance(fork, work, state)
+    tree = work / "tree"
+    if am_in_progress(tree):
+        left = sorted(
+            p for p in {*current["conflicts"], *unmerged(tree)} if has_markers(tree / p)
+        )
+        if left:
+            raise ForkError(
+                "conflict markers are left in " + ", ".join(left) + ": resolve them "
+                "(or --skip the patch)"
+            )
+        env = am_env()
+        git(tree, "add", "-A", env=env)
+        done = git(tree, "am", "--continue", env=env, check=False)
+        if done.returncode != 0:
+            if "No changes" in done.stdout + done.stderr:
+                raise ForkError(
+                    "the resolved tree does not change anything: if the target has "
+                    "the patch's change, `forkctl rebase --skip --reason '...'`"
+                )
+            raise ForkError(
+                "git am --continue failed:\n" + (done.stderr or done.stdout).strip()
+            )
+    elif out(tree, "rev-parse", "HEAD") == current["head"]:
+        raise ForkError(
+            "no `git am` is in progress in the tree and it has no new commit: "
+            "nothing to take as the patch (--skip or --abort)"
+        )
+    # else the resolution was committed by hand (git am --continue): take it
+    notes = current["notes"] + [f"resolved: {', '.join(current['conflicts'])}"]
+    state["done"].append(
+        {
+            "patch": current["patch"],
+            "subject": current["subject"],
+            "how": RESOLVED,
+            "notes": notes,
+        }
+    )
+    state["current"] = None
+    save(work, state)
+    print(f"{RESOLVED:>20}  {current['patch']}", file=sys.stderr)
+    return advance(fork, work, state)
+
+
+def skip(fork: Fork, reason: str | None, version: str | None = None) -> int:
+    """--skip: drop the current patch, with the reason, and go on."""
+    work, state = load(fork, version)
+    current = state["current"]
+    if current is None:
+        raise ForkError("not stopped at a patch: nothing to skip")
+    tree = work / "tree"
+    env = am_env()
+    if am_in_progress(tree):
+        git(tree, "am", "--skip", env=env, check=False)
+    if am_in_progress(tree):
+        git(tree, "am", "--abort", env=env, check=False)
+    git(tree, "reset", "-q", "--hard", current["head"], env=env)
+    state["skipped"].append(
+        {
+            "patch": current["patch"],
+            "subject": current["subject"],
+            "reason": reason or "skipped by hand (no reason given)",
+        }
+    )
+    state["current"] = None
+    save(work, state)
+    print(f"{'skipped':>20}  {current['patch']}", file=sys.stderr)
+    return advance(fork, work, state)
+
+
+def abort(fork: Fork, version: str | None = None) -> str:
+    """--abort: remove the rebase's tree and state; the old line was never touched."""
+    work, state = load(fork, version)
+    for path in (work / "tree", work / "patches"):
+        if path.exists():
+            shutil.rmtree(path)
+    (work / STATE).unlink()
+    if not any(work.iterdir()):
+        work.rmdir()
+    return state["target"]
+
+
+def finish(fork: Fork, work: Path, state: dict) -> int:
+    """Export the series, move the pins, run check."""
+    version = state["target"]
+    names = export.export(fork, work / "tree")
+    sdist = Artifact(
+        fork.sdist.project, **{k: state["sdist"][k] for k in ("filename", "sha256")}
+    )
+    moved, left = pins.move(fork, version, sdist)
+    state.update(finished=True, exported=names, pins_moved=moved, pins_left=left)
+    save(work, state)
+    print(summary(state))
+    moved_fork = config.load(fork.root)
+    problems = check.check(moved_fork)
+    for problem in problems:
+        print(f"problem: {problem}")
+    if problems:
+        print(f"{len(problems)} problem(s) in the series on {version}")
+        return 1
+    print(f"series ok: {len(names)} patches on {version}")
+    return 0
+
+
+def summary(state: dict) -> str:
+    lines = [
+        f"rebased from {state['base']} onto {state['target']}: "
+        f"{len(state['exported'])} patches exported to patches/, "
+        f"{len(state['skipped'])} dropped",
+    ]
+    for entry in state["done"]:
+        lines.append(f"  {entry['how']:>18}  {entry['patch']}")
+        lines += [f"  {'':>18}  note: {note}" for note in entry["notes"]]
+    for entry in state["skipped"]:
+        lines.append(f"  {'dropped':>18}  {entry['patch']}: {entry['reason']}")
+    lines.append("pins moved in fork.toml: " + ", ".join(state["pins_moved"]))
+    if state["pins_left"]:
+        lines.append("left to move by hand:")
+        lines += [f"  {pin}" for pin in state["pins_left"]]
+    lines.append("`forkctl sync` puts ./tree on the new base")
+    return "\n".join(lines)

@@ -261,6 +261,10 @@ class Checker:
             path = diff.new_path or ""
             if not path.startswith((".buildkite/", ".github/")):
                 continue
+            if not (self.tree / path).is_file():
+                # e.g. a CI file the target moved, left out by a conflict
+                problems.append(f"{path}, which the patch changes, is not in the tree")
+                continue
             text = (self.tree / path).read_text(errors="replace")
             for name in sorted(set(TEST_FILE.findall(text))):
                 candidates = [self.tree / name, self.tree / "tests" / name]

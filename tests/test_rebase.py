@@ -521,3 +521,26 @@ def test_hunks_of_a_new_file_count_only_with_its_content(fork):
     sdist = make_sdist(fork.downloads / TARGET_SDIST, files, top="demo-2.0")
     assert dry_run(fork, "--sha256", sha256(sdist)).rc == 0
     assert load_report(fork)["patches"][0]["outcome"] == "absorbed"
+
+
+def test_trial_reports_a_changed_ci_file_the_target_lacks(tmp_path):
+    """A CI file the patch changes but the target moved (a conflict left it
+    out of the trial) is reported, and the files that exist are still read."""
+    from types import SimpleNamespace
+
+    from forkctl.trial import Checker
+
+    (tmp_path / ".buildkite").mkdir()
+    (tmp_path / ".buildkite" / "kept.yaml").write_text("pytest -v tests/test_gone.py\n")
+    checker = Checker.__new__(Checker)
+    checker.tree = tmp_path
+    patch = SimpleNamespace(
+        files=[
+            SimpleNamespace(new_path=".buildkite/moved.yaml"),
+            SimpleNamespace(new_path=".buildkite/kept.yaml"),
+        ]
+    )
+    assert checker.missing_test_files(patch) == [
+        ".buildkite/moved.yaml, which the patch changes, is not in the tree",
+        ".buildkite/kept.yaml names tests/test_gone.py, which does not exist",
+    ]

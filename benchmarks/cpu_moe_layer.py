@@ -176,30 +176,18 @@ def main() -> None:
     if args.dequant:
         import vllm.model_executor.layers.fused_moe.experts.cpu_moe  # noqa: F401
 
-        def int8_dequant(x):
-            def run(weights, ids):
-                out = torch.empty_like(x)
-                torch.ops.vllm.cpu_dequant_moe(
-                    out, x, q13, q2, weights, ids, None, s13, s2, None, None,
-                    None, None, "CPUDequantExpertsInt8", "silu", 0, 0, True,
-                    False, None,
-                )
-
-            return run
-
-        kernels["int8-w8a8-dequant"] = int8_dequant
 
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
             prepare_int4_moe_weight_for_cpu_dequant,
         )
 
-        def dequant(name, w13d, w2d, s13d, s2d, z13, z2, block):
+        def dequant(name, w13d, w2d, s13d, s2d, z13, z2, block, quantize=False):
             def make(x):
                 def run(weights, ids):
                     out = torch.empty_like(x)
                     torch.ops.vllm.cpu_dequant_moe(
                         out, x, w13d, w2d, weights, ids, None, s13d, s2d, z13,
-                        z2, None, None, name, "silu", *block, False, False,
+                        z2, None, None, name, "silu", *block, quantize, False,
                         None,
                     )
 
@@ -207,6 +195,9 @@ def main() -> None:
 
             return make
 
+        kernels["int8-w8a8-dequant"] = dequant(
+            "CPUDequantExpertsInt8", q13, q2, s13, s2, None, None, (0, 0), True
+        )
         f13d = (q13.float() / 2).to(torch.float8_e4m3fn)
         f2d = (q2.float() / 2).to(torch.float8_e4m3fn)
         kernels["fp8-block-dequant"] = dequant(

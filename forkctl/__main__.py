@@ -12,7 +12,6 @@ from . import (
     config,
     export,
     rebase,
-    series,
     status,
     testing,
     tree,
@@ -106,13 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             names = export.export(fork)
             print(f"exported {len(names)} patches to {fork.patches_dir}")
         elif args.verb == "check":
-            problems = check.check(fork)
-            for problem in problems:
-                print(f"problem: {problem}")
-            if problems:
-                print(f"{len(problems)} problem(s) in the series")
-                return 1
-            print(f"series ok: {len(series.read(fork.series_file))} patches")
+            return check.report(fork)
         elif args.verb == "build":
             build.build(fork, args.target)
         elif args.verb == "status":

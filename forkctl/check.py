@@ -102,3 +102,16 @@ def _patch_of(blame: hooks.Blame, path: str) -> str:
     if len(changed) > 1:
         return f"{changed[-1]} (patches that change the file: {', '.join(changed)})"
     return changed[0] if changed else "base"
+
+
+def report(fork: Fork, where: str = "") -> int:
+    """Run `check`, print its problems and verdict; the exit status."""
+    problems = check(fork)
+    for problem in problems:
+        print(f"problem: {problem}")
+    suffix = f" on {where}" if where else ""
+    if problems:
+        print(f"{len(problems)} problem(s) in the series{suffix}")
+        return 1
+    print(f"series ok: {len(series.read(fork.series_file))} patches{suffix}")
+    return 0

@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import artifacts
 from .config import Fork
 from .errors import ForkError
 from .git import out
@@ -225,15 +224,6 @@ def _compiler() -> tuple[str, str]:
     return cxx, version
 
 
-def _headers_digest(tree: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted((tree / "csrc").rglob("*")):
-        if path.suffix in (".h", ".hpp", ".cuh") and path.is_file():
-            digest.update(str(path.relative_to(tree)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 class Compiler:
     def __init__(self, fork: Fork, tree: Path) -> None:
         python = str(fork.venv_dir / "bin" / "python")
@@ -383,13 +373,10 @@ def digest(fork: Fork, tree: Path, wheel_sha256: str) -> str:
     h.update(repr(sorted(wanted.items())).encode())
     h.update(repr(LIBRARIES).encode())
     h.update(repr(COMMON_FLAGS).encode())
-    for source in sorted({s for sources in wanted.values() for s in sources}):
-        h.update((tree / source).read_bytes())
+    sources = {s for built in wanted.values() for s in built}
+    for path in sorted(set().union(*(include_closure(tree, s) for s in sources))):
+        h.update(path.encode())
+        h.update((tree / path).read_bytes())
     if wanted:
-        h.update(_headers_digest(tree).encode())
         h.update((tree / BINDINGS).read_bytes())
     return h.hexdigest()
-
-
-def fetch_wheel(fork: Fork) -> Path:
-    return artifacts.fetch(fork, fork.wheels["cpu"])

@@ -546,15 +546,7 @@ def finish(fork: Fork, work: Path, state: dict) -> int:
     state.update(finished=True, exported=names, pins_moved=moved, pins_left=left)
     save(work, state)
     print(summary(state))
-    moved_fork = config.load(fork.root)
-    problems = check.check(moved_fork)
-    for problem in problems:
-        print(f"problem: {problem}")
-    if problems:
-        print(f"{len(problems)} problem(s) in the series on {version}")
-        return 1
-    print(f"series ok: {len(names)} patches on {version}")
-    return 0
+    return check.report(config.load(fork.root), version)
 
 
 def summary(state: dict) -> str:

@@ -13,8 +13,13 @@ then with A again, and compares:
 * A's with B's (so that the first check cannot pass on a reload that did
   nothing).
 
+Every variant loads under the x86 kernel library vLLM picks by default; the
+INT8 ones (W8A8 and online int8) also under the AVX2 library, where the
+fork's X86CPUExpertsInt8 repacks their weights at load (on an AMX machine
+the default library runs upstream's AMX experts instead).
+
 One subprocess per model load: two engines do not fit one process's CPU KV
-cache. About 5.5 min for all variants on 2 cores (a 256-token batch limit
+cache. About 7 min for all cases on 2 cores (a 256-token batch limit
 keeps the start-up profiling run short).
 """
 
@@ -26,7 +31,7 @@ import sys
 
 import e2e_lib as lib
 import pytest
-from test_e2e_quantized_vs_twin import Variant, variants
+from test_e2e_quantized_vs_twin import LIBRARIES, Variant, variants
 
 MAX_TOKENS = 12
 PROMPTS = lib.PROMPTS[:3]
@@ -84,11 +89,29 @@ def _engine_args(variant: Variant) -> dict:
     return args
 
 
-def _run(first, second, mode: str, variant: Variant) -> dict:
+# Variants whose experts repack their weights at load under the AVX2
+# library (X86CPUExpertsInt8), reloaded there too.
+REPACKED_ON_AVX2 = {"w8a8-int8", "online-int8"}
+
+
+def cases() -> list[tuple[Variant, str | None]]:
+    """(variant, x86 kernel library or None for vLLM's default)."""
+    out: list[tuple[Variant, str | None]] = [(v, None) for v in variants()]
+    if "avx2" in LIBRARIES:
+        out += [(v, "avx2") for v in variants() if v.name in REPACKED_ON_AVX2]
+    return out
+
+
+def _run(
+    first, second, mode: str, variant: Variant, library: str | None = None
+) -> dict:
     # Offline, caches inside build/, as the e2e servers run.
     env = lib.serve_demo.server_env()
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    if library is not None:
+        env["VLLM_CPU_X86_KERNELS"] = library
+    name = variant.name + (f"-{library}" if library else "")
     cmd = [
         sys.executable,
         "-c",
@@ -103,20 +126,24 @@ def _run(first, second, mode: str, variant: Variant) -> dict:
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S
     )
-    log = lib.log_path(f"reload-{variant.name}-{mode}")
+    log = lib.log_path(f"reload-{name}-{mode}")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(proc.stdout + proc.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        pytest.fail(
-            f"{variant.name} {mode} exited with {proc.returncode}: {tail} (log: {log})"
-        )
+        pytest.fail(f"{name} {mode} exited with {proc.returncode}: {tail} (log: {log})")
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-@pytest.mark.parametrize("variant", variants(), ids=lambda v: v.name)
-def test_reload_matches_a_fresh_load(checkpoints, variant: Variant) -> None:
+@pytest.mark.parametrize(
+    "variant,library",
+    cases(),
+    ids=lambda c: c.name if isinstance(c, Variant) else (c or "default"),
+)
+def test_reload_matches_a_fresh_load(
+    checkpoints, variant: Variant, library: str | None
+) -> None:
     first = checkpoints.scheme(variant.scheme).model
     second = checkpoints.derive(
         f"tiny-{variant.scheme}-layers-swapped",
@@ -124,8 +151,15 @@ def test_reload_matches_a_fresh_load(checkpoints, variant: Variant) -> None:
         _swap_layers,
         "decoder layers 0 and 1 swapped",
     )
-    reloaded = _run(first, second, "reload", variant)
-    fresh = _run(first, second, "fresh", variant)
+    reloaded = _run(first, second, "reload", variant, library)
+    fresh = _run(first, second, "fresh", variant, library)
+    if library == "avx2":
+        log = lib.log_path(f"reload-{variant.name}-avx2-reload").read_text(
+            errors="replace"
+        )
+        assert "Using X86CPUExpertsInt8" in log, (
+            f"{variant.name} under avx2 did not take X86CPUExpertsInt8"
+        )
     assert reloaded["first"] != fresh["first"], (
         f"{variant.name}: the two checkpoints generate the same tokens, so "
         "the reload is not tested"

@@ -148,7 +148,8 @@ def ensure_venv(tool: str, venv: Path, log=print) -> Path:
 
     torch goes in first and alone (its pin and hash from the lock), so pip
     takes the CPU wheel on this machine's disk and nothing can swap it for a
-    CUDA build; then the whole lock with ``--require-hashes``.
+    CUDA build (``--no-deps``: its dependencies are in the lock); then the
+    whole lock with ``--require-hashes``.
     """
     digest = lock_digest(tool)
     stamp = venv / ".lock-sha256"
@@ -168,7 +169,8 @@ def ensure_venv(tool: str, venv: Path, log=print) -> Path:
     pip = [py, "-m", "pip", "install", "--require-hashes", "--no-input"]
     torch_req = venv / ".torch-req.txt"
     torch_req.write_text(torch[0].line() + "\n")
-    subprocess.run([*pip, "-r", str(torch_req)], check=True)
+    # torch alone (its dependencies come with the lock below).
+    subprocess.run([*pip, "--no-deps", "-r", str(torch_req)], check=True)
     subprocess.run([*pip, "-r", str(lock_path(tool))], check=True)
     subprocess.run([py, "-m", "pip", "check"], check=True)
     seconds = time.monotonic() - t0

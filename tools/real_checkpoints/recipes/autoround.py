@@ -53,6 +53,13 @@ def main() -> None:
         device_map="cpu",
     )
     rounder.quantize_and_save(str(args.out), format=args.scheme)
+    # auto-round writes into a subdirectory named after the model and the
+    # scheme (here ``base-w4g128/``); the checkpoint is that directory.
+    subdirs = [p for p in args.out.iterdir() if (p / "config.json").exists()]
+    if not (args.out / "config.json").exists() and len(subdirs) == 1:
+        for item in subdirs[0].iterdir():
+            item.rename(args.out / item.name)
+        subdirs[0].rmdir()
 
 
 if __name__ == "__main__":

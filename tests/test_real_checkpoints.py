@@ -100,7 +100,9 @@ def test_committed_locks_are_complete() -> None:
         assert pins.get(locks.normalize(tool.package)) == tool.version, name
 
 
-def _key(fmt: str = "llmc-w4a16", lock: str = H1, recipe: str = H1, base: str = H1) -> str:
+def _key(
+    fmt: str = "llmc-w4a16", lock: str = H1, recipe: str = H1, base: str = H1
+) -> str:
     return cache.cache_key(FORMATS[fmt], lock, recipe, base)
 
 
@@ -151,7 +153,9 @@ def test_ensure_reuses_a_stamped_dir_and_rebuilds_a_stale_one(tmp_path, monkeypa
     monkeypatch.setattr(cache, "ensure_base", lambda log=print: base)
     fmt = FORMATS["llmc-w8a16"]
     key = cache.cache_key(
-        fmt, locks.lock_digest(fmt.tool.name), cache.recipe_digest(fmt.tool),
+        fmt,
+        locks.lock_digest(fmt.tool.name),
+        cache.recipe_digest(fmt.tool),
         cache.dir_digest(base),
     )
     out = _write(cache.format_dir(fmt), {"config.json": b"{}"})

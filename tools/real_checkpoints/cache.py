@@ -156,19 +156,39 @@ def ensure(name: str, log=print) -> tuple[Path, Path]:
     try:
         t0 = time.monotonic()
         cmd = [
-            str(python), str(RECIPES / f"{fmt.tool.name}.py"),
-            "--scheme", fmt.scheme, "--base", str(base), "--out", str(tmp),
-            "--work", str(work),
+            str(python),
+            str(RECIPES / f"{fmt.tool.name}.py"),
+            "--scheme",
+            fmt.scheme,
+            "--base",
+            str(base),
+            "--out",
+            str(tmp),
+            "--work",
+            str(work),
         ]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
         env.pop("PYTHONPATH", None)
         subprocess.run(cmd, check=True, env=env)
         seconds = round(time.monotonic() - t0, 1)
         if not (tmp / "config.json").exists():
             raise RuntimeError(f"{fmt.name}: the recipe wrote no config.json")
-        _publish(tmp, final, {"key": key, "format": fmt.name,
-                              "tool": fmt.tool.requirement, "seconds": seconds})
+        _publish(
+            tmp,
+            final,
+            {
+                "key": key,
+                "format": fmt.name,
+                "tool": fmt.tool.requirement,
+                "seconds": seconds,
+            },
+        )
         log(f"{fmt.name}: wrote {final} in {seconds} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "list":
         for f in FORMATS.values():
-            print(f"{f.name:18} {f.tool.requirement:28} {f.scheme:18} "
-                  f"{f.quantization:20} {f.description}")
+            print(
+                f"{f.name:18} {f.tool.requirement:28} {f.scheme:18} "
+                f"{f.quantization:20} {f.description}"
+            )
         return 0
     if args.cmd == "lock":
         for name in args.tools:
@@ -67,15 +69,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             model_dir, twin_dir = cache.ensure(name)
         except (subprocess.CalledProcessError, RuntimeError) as e:
-            print(f"{name}: FAILED after {time.monotonic() - t0:.0f} s: {e}",
-                  file=sys.stderr)
+            print(
+                f"{name}: FAILED after {time.monotonic() - t0:.0f} s: {e}",
+                file=sys.stderr,
+            )
             failed.append(name)
             if not args.keep_going:
                 return 1
             continue
         stamp = cache.read_stamp(model_dir) or {}
-        print(f"{name}: {model_dir} (twin {twin_dir}; written in "
-              f"{stamp.get('seconds')} s)")
+        print(
+            f"{name}: {model_dir} (twin {twin_dir}; written in "
+            f"{stamp.get('seconds')} s)"
+        )
         if args.summary:
             print(summarize(model_dir, twin_dir))
     if failed:

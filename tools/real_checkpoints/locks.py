@@ -16,7 +16,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -163,8 +162,7 @@ def ensure_venv(tool: str, venv: Path, log=print) -> Path:
         shutil.rmtree(venv)
     venv.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    subprocess.run(["python3", "-m", "venv", str(venv)],
-                   check=True)
+    subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
     py = str(venv_python(venv))
     pip = [py, "-m", "pip", "install", "--require-hashes", "--no-input"]
     torch_req = venv / ".torch-req.txt"
@@ -192,7 +190,9 @@ def resolve_lock(tool: str, requirement: str, log=print) -> str:
 
     with tempfile.TemporaryDirectory(prefix=f"lock-{tool}-") as tmp:
         venv = Path(tmp) / "venv"
-        subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+        subprocess.run(
+            ["python3", "-m", "venv", "--without-pip", str(venv)], check=True
+        )
         constraint = Path(tmp) / "constraints.txt"
         constraint.write_text(f"torch=={TORCH_VERSION}\n")
         report = Path(tmp) / "report.json"
@@ -203,9 +203,19 @@ def resolve_lock(tool: str, requirement: str, log=print) -> str:
         # The venv has no pip of its own; run the caller's pip against it.
         subprocess.run(
             [
-                "python3", "-m", "pip", "--python", str(venv_python(venv)),
-                "install", "--dry-run", "--ignore-installed", "--quiet",
-                "--report", str(report), f"torch=={TORCH_VERSION}", requirement,
+                "python3",
+                "-m",
+                "pip",
+                "--python",
+                str(venv_python(venv)),
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--quiet",
+                "--report",
+                str(report),
+                f"torch=={TORCH_VERSION}",
+                requirement,
             ],
             check=True,
             env=env,

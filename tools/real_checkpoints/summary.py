@@ -16,8 +16,12 @@ PICK = re.compile(
     r"self_attn\.q_proj)[.]"
 )
 STANDARD_FILES = {
-    "config.json", "generation_config.json", "tokenizer.json",
-    "tokenizer_config.json", "model.safetensors", ".real-checkpoint.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+    ".real-checkpoint.json",
 }
 
 
@@ -34,7 +38,9 @@ def tensor_layout(model_dir: Path) -> dict[str, str]:
     for f in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118
-                if PICK.match(name) or name.startswith("model.layers.0.mlp.experts.gate_up"):
+                if PICK.match(name) or name.startswith(
+                    "model.layers.0.mlp.experts.gate_up"
+                ):
                     sl = fh.get_slice(name)
                     out[name] = f"{sl.get_dtype()} {list(sl.get_shape())}"
     # Fused-expert layouts (3D tensors) do not match PICK: list layer 0's MLP.
@@ -68,12 +74,16 @@ def summarize(model_dir: Path, base_dir: Path) -> str:
     lines.append("layer 0 tensors:")
     lines += [f"  {k}: {v}" for k, v in tensor_layout(model_dir).items()]
     extra = sorted(
-        p.name for p in model_dir.iterdir() if p.is_file() and p.name not in STANDARD_FILES
+        p.name
+        for p in model_dir.iterdir()
+        if p.is_file() and p.name not in STANDARD_FILES
     )
     lines.append(f"extra files: {extra}")
     for name in extra:
         if name.endswith(".json"):
             text = json.dumps(_trim(json.loads((model_dir / name).read_text())))
             lines.append(f"  {name}: {text[:600]}")
-    lines.append(f"config keys differing from the base: {config_diff(model_dir, base_dir)}")
+    lines.append(
+        f"config keys differing from the base: {config_diff(model_dir, base_dir)}"
+    )
     return "\n".join(lines)

@@ -67,7 +67,9 @@ def vocab_size(model_dir: Path) -> int:
     return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
 
 
-def calibration_ids(vocab: int, n: int = N_SAMPLES, seq_len: int = SEQ_LEN) -> torch.Tensor:
+def calibration_ids(
+    vocab: int, n: int = N_SAMPLES, seq_len: int = SEQ_LEN
+) -> torch.Tensor:
     """[n, seq_len] int64 token ids, uniform over the vocabulary, seed SEED."""
     gen = torch.Generator().manual_seed(SEED)
     return torch.randint(0, vocab, (n, seq_len), generator=gen, dtype=torch.long)

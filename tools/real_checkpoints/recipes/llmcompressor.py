@@ -34,8 +34,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 # What the Qwen3-MoE examples of llm-compressor leave alone: the LM head
 # and the routers.
 IGNORE = ["lm_head", "re:.*mlp.gate$"]
-SCHEMES = ["FP8_DYNAMIC", "FP8_BLOCK", "W4A16", "W4A16-GPTQ", "W4A16_ASYM",
-           "W8A16", "MXFP8", "W8A8"]
+SCHEMES = [
+    "FP8_DYNAMIC",
+    "FP8_BLOCK",
+    "W4A16",
+    "W4A16-GPTQ",
+    "W4A16_ASYM",
+    "W8A16",
+    "MXFP8",
+    "W8A8",
+]
 
 
 def main() -> None:
@@ -53,14 +61,19 @@ def main() -> None:
         ids = calib.calibration_ids(calib.vocab_size(base))
         kwargs = {
             "dataset": Dataset.from_dict(
-                {"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()}
+                {
+                    "input_ids": ids.tolist(),
+                    "attention_mask": torch.ones_like(ids).tolist(),
+                }
             ),
             "num_calibration_samples": ids.shape[0],
             "max_seq_length": ids.shape[1],
             "shuffle_calibration_samples": False,
         }
     else:
-        recipe = QuantizationModifier(targets="Linear", scheme=args.scheme, ignore=IGNORE)
+        recipe = QuantizationModifier(
+            targets="Linear", scheme=args.scheme, ignore=IGNORE
+        )
     oneshot(model=model, recipe=recipe, **kwargs)
     model.save_pretrained(args.out, save_compressed=True)
     tokenizer.save_pretrained(args.out)

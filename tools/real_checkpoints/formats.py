@@ -110,7 +110,8 @@ FORMATS: dict[str, Format] = {
             "ar-gptq",
             AUTOROUND,
             "auto_gptq",
-            "gptq",
+            # What vLLM 0.32 logs for a quant_method "gptq" checkpoint on CPU.
+            "auto_gptq",
             "int4 g128 symmetric, auto-round's auto_gptq export",
         ),
         Format(

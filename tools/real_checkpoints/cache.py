@@ -16,6 +16,8 @@ never leaves a directory that looks complete.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import locks
@@ -112,6 +115,20 @@ def _publish(tmp: Path, final: Path, stamp: dict) -> None:
     os.replace(tmp, final)
 
 
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """One builder at a time across processes (pytest-xdist workers, two
+    shells): held around every venv install and tool run, which also keeps
+    the machine to one heavy process.  Not reentrant: take it once."""
+    checkpoints_dir().mkdir(parents=True, exist_ok=True)
+    with open(checkpoints_dir() / ".build.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def ensure_base(log=print) -> Path:
     """The tiny bf16 checkpoint (tiny_checkpoint --scheme bf16, default
     shape, seed 0), keyed by tiny_checkpoint's sources."""
@@ -120,6 +137,14 @@ def ensure_base(log=print) -> Path:
     stamp = read_stamp(final)
     if stamp and stamp.get("key") == key:
         return final
+    with _build_lock():
+        stamp = read_stamp(final)
+        if not (stamp and stamp.get("key") == key):
+            _write_base(final, key, log)
+    return final
+
+
+def _write_base(final: Path, key: str, log) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".base-bf16-", dir=final.parent))
     try:
@@ -133,7 +158,6 @@ def ensure_base(log=print) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"base: wrote {final}")
-    return final
 
 
 def ensure(name: str, log=print) -> tuple[Path, Path]:
@@ -149,6 +173,14 @@ def ensure(name: str, log=print) -> tuple[Path, Path]:
     stamp = read_stamp(final)
     if stamp and stamp.get("key") == key:
         return final, base
+    with _build_lock():
+        stamp = read_stamp(final)
+        if not (stamp and stamp.get("key") == key):
+            _run_recipe(fmt, base, final, key, log)
+    return final, base
+
+
+def _run_recipe(fmt: Format, base: Path, final: Path, key: str, log) -> None:
     python = locks.ensure_venv(fmt.tool.name, venv_dir(fmt.tool), log)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{fmt.name}-", dir=final.parent))
@@ -193,4 +225,3 @@ def ensure(name: str, log=print) -> tuple[Path, Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-    return final, base

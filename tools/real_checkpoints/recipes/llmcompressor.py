@@ -1,0 +1,83 @@
+"""llm-compressor recipe: oneshot with the compressed-tensors preset schemes.
+
+Run by the llmcompressor venv's python:
+``llmcompressor.py --scheme FP8_DYNAMIC --base BF16_DIR --out DIR --work TMP``.
+``W4A16-GPTQ`` is the W4A16 preset through GPTQModifier (calibrated,
+default actorder); every other scheme is the preset of that name through
+QuantizationModifier (round to nearest, data-free).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+# This file shares its name with the package it drives: take its own
+# directory off sys.path before importing it, and load the helpers by path.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+_spec = importlib.util.spec_from_file_location("_calib", HERE / "_calib.py")
+calib = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(calib)
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from llmcompressor import oneshot  # noqa: E402
+from llmcompressor.modeling.moe.linearize import load_quantizable_moe  # noqa: E402
+from llmcompressor.modifiers.quantization import (  # noqa: E402
+    GPTQModifier,
+    QuantizationModifier,
+)
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+# What the Qwen3-MoE examples of llm-compressor leave alone: the LM head
+# and the routers.
+IGNORE = ["lm_head", "re:.*mlp.gate$"]
+SCHEMES = [
+    "FP8_DYNAMIC",
+    "FP8_BLOCK",
+    "W4A16",
+    "W4A16-GPTQ",
+    "W4A16_ASYM",
+    "W8A16",
+    "MXFP8",
+    "W8A8",
+]
+
+
+def main() -> None:
+    args = calib.parse_args(SCHEMES)
+    calib.seed_everything()
+    base = calib.base_copy(args.base, args.work)
+    calib.drop_unimportable_transformers_aliases()
+    with load_quantizable_moe():
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+
+    kwargs: dict[str, object] = {}
+    if args.scheme == "W4A16-GPTQ":
+        recipe = GPTQModifier(targets="Linear", scheme="W4A16", ignore=IGNORE)
+        ids = calib.calibration_ids(calib.vocab_size(base))
+        kwargs = {
+            "dataset": Dataset.from_dict(
+                {
+                    "input_ids": ids.tolist(),
+                    "attention_mask": torch.ones_like(ids).tolist(),
+                }
+            ),
+            "num_calibration_samples": ids.shape[0],
+            "max_seq_length": ids.shape[1],
+            "shuffle_calibration_samples": False,
+        }
+    else:
+        recipe = QuantizationModifier(
+            targets="Linear", scheme=args.scheme, ignore=IGNORE
+        )
+    oneshot(model=model, recipe=recipe, **kwargs)
+    model.save_pretrained(args.out, save_compressed=True)
+    tokenizer.save_pretrained(args.out)
+
+
+if __name__ == "__main__":
+    main()

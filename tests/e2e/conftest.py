@@ -40,8 +40,12 @@ class CheckpointCache:
             self._schemes[name] = e2e_lib.ensure_scheme(name, self.root)
         return self._schemes[name]
 
-    def derive(self, name: str, base: Path, mutate, description: str) -> Path:
-        return e2e_lib.derive_checkpoint(name, base, mutate, description, self.root)
+    def derive(
+        self, name: str, base: Path, mutate, description: str, base_key=None
+    ) -> Path:
+        return e2e_lib.derive_checkpoint(
+            name, base, mutate, description, self.root, base_key
+        )
 
 
 @pytest.fixture(scope="session")

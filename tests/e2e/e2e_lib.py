@@ -141,15 +141,18 @@ def derive_checkpoint(
     mutate: Callable[[dict], None],
     description: str,
     cache: Path = MODEL_CACHE,
+    base_key: object | None = None,
 ) -> Path:
     """A copy of checkpoint ``base`` whose tensors ``mutate`` edits in place.
 
     Cached like ensure_scheme; ``description`` is part of the cache key and
-    must change whenever ``mutate`` does.
+    must change whenever ``mutate`` does.  ``base_key``: what identifies a
+    base kept outside this cache (default: its stamp here).
     """
     from safetensors.torch import save_file
 
-    base_key = _stamp_key(base)
+    if base_key is None:
+        base_key = _stamp_key(base)
     if base_key is None:
         raise RuntimeError(f"{base} is not a valid cached checkpoint")
     out = cache / name

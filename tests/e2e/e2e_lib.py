@@ -183,6 +183,19 @@ def derive_checkpoint(
     return out
 
 
+def swap_experts_0_1(tensors: dict) -> None:
+    """Swap experts 0 and 1 (every tensor of theirs: weights and scales) in
+    every layer: a deliberately wrong model for the twin rule."""
+    layers = {int(n.split(".")[2]) for n in tensors if n.startswith("model.layers.")}
+    for layer in sorted(layers):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            a = f"model.layers.{layer}.mlp.experts.0.{proj}."
+            b = f"model.layers.{layer}.mlp.experts.1.{proj}."
+            for name in [n for n in tensors if n.startswith(a)]:
+                other = b + name[len(a) :]
+                tensors[name], tensors[other] = tensors[other], tensors[name]
+
+
 def quantized_schemes() -> list[str]:
     """Every served scheme (tiny_checkpoint.SCHEMES) except the bf16 baseline.
 

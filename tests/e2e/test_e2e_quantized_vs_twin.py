@@ -271,17 +271,6 @@ def _record(name: str, verdict: lib.Verdict) -> None:
 # --------------------------------------------------------------------------
 
 
-def _swap_experts_0_1(tensors: dict) -> None:
-    layers = {int(n.split(".")[2]) for n in tensors if n.startswith("model.layers.")}
-    for layer in sorted(layers):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            a = f"model.layers.{layer}.mlp.experts.0.{proj}."
-            b = f"model.layers.{layer}.mlp.experts.1.{proj}."
-            for name in [n for n in tensors if n.startswith(a)]:
-                other = b + name[len(a) :]
-                tensors[name], tensors[other] = tensors[other], tensors[name]
-
-
 def test_rule_rejects_swapped_experts(checkpoints, twin_outputs) -> None:
     """Experts 0 and 1 swapped (weights and scales, every layer) in the FP8
     block checkpoint: served with --moe-backend cpu it must fail the rule
@@ -293,7 +282,7 @@ def test_rule_rejects_swapped_experts(checkpoints, twin_outputs) -> None:
     wrong = checkpoints.derive(
         "tiny-fp8-block-swapped-experts-0-1",
         ckpt.model,
-        _swap_experts_0_1,
+        lib.swap_experts_0_1,
         "experts 0 and 1 swapped in every layer (weights and scales)",
     )
     with lib.serve(wrong, ["--moe-backend", "cpu"], log_name=wrong.name) as url:

@@ -107,17 +107,6 @@ def twin() -> list[lib.Generation]:
         return lib.greedy(url, logprobs=2)
 
 
-def _swap_experts_0_1(tensors: dict) -> None:
-    layers = {int(n.split(".")[2]) for n in tensors if n.startswith("model.layers.")}
-    for layer in sorted(layers):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            a = f"model.layers.{layer}.mlp.experts.0.{proj}."
-            b = f"model.layers.{layer}.mlp.experts.1.{proj}."
-            for name in [n for n in tensors if n.startswith(a)]:
-                other = b + name[len(a) :]
-                tensors[name], tensors[other] = tensors[other], tensors[name]
-
-
 def test_rule_rejects_swapped_experts(checkpoints, twin) -> None:
     """llm-compressor's W4A16 with experts 0 and 1 swapped in every layer
     (weights, scales): under the int4 flip cap it must still fail."""
@@ -127,7 +116,7 @@ def test_rule_rejects_swapped_experts(checkpoints, twin) -> None:
     wrong = checkpoints.derive(
         "real-llmc-w4a16-swapped-experts-0-1",
         model,
-        _swap_experts_0_1,
+        lib.swap_experts_0_1,
         "experts 0 and 1 swapped in every layer",
         base_key=stamp["key"],
     )

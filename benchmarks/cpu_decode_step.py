@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 
+from cpu_harness import cap_onednn_isa
 from cpu_serve_bench import MODELS, ensure_checkpoint
 
 
@@ -139,6 +140,7 @@ def run_model(
 
 
 def main() -> None:
+    cap_onednn_isa()  # inherited by each model's child process
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--tokens", type=int, default=32)

@@ -28,45 +28,19 @@ Not a test; it asserts nothing. From the repository root with the fork built:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from pathlib import Path
 
-import torch
+from cpu_harness import cap_onednn_isa, eviction_buffer, median_seconds
+
+cap_onednn_isa()
+
+import torch  # noqa: E402
 
 
-def _routing(calls: int, tokens: int, experts: int, topk: int):
-    for _ in range(calls):
+def _routing(tokens: int, experts: int, topk: int):
+    while True:
         logits = torch.randn(tokens, experts)
         weights, ids = torch.topk(torch.softmax(logits, -1), topk)
         yield weights.contiguous(), ids.to(torch.int32).contiguous()
-
-
-def _last_level_cache_bytes() -> int:
-    sizes = []
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        text = (index / "size").read_text().strip()
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        sizes.append(int(text.rstrip("KMG")) * units.get(text[-1], 1))
-    return max(sizes, default=64 << 20)
-
-
-def _time(
-    fn, tokens: int, experts: int, topk: int, seconds: float, evict: torch.Tensor | None
-) -> float:
-    for weights, ids in _routing(3, tokens, experts, topk):
-        fn(weights, ids)
-    times = []
-    deadline = time.perf_counter() + seconds
-    routes = _routing(10**9, tokens, experts, topk)
-    while time.perf_counter() < deadline or len(times) < 5:
-        weights, ids = next(routes)
-        if evict is not None:
-            evict.add_(1)
-        start = time.perf_counter()
-        fn(weights, ids)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -220,9 +194,7 @@ def main() -> None:
     # A served model's layers do not fit in cache together (a 48-layer
     # Qwen3-30B-A3B holds 30 GB of bf16 experts): each call finds its weights
     # in memory, unless --warm-cache.
-    evict = None
-    if not args.warm_cache:
-        evict = torch.zeros(2 * _last_level_cache_bytes() // 4, dtype=torch.int32)
+    evict = eviction_buffer(args.warm_cache)
     library = getattr(current_platform, "x86_kernel_library", None)
     print(
         f"MoE layer E={E} top-{args.topk} hidden={H} intermediate={N}, "
@@ -234,7 +206,9 @@ def main() -> None:
     for tokens in args.tokens:
         x = torch.randn(tokens, H, dtype=torch.bfloat16)
         times = {
-            n: _time(kernels[n](x), tokens, E, args.topk, args.seconds, evict)
+            n: median_seconds(
+                kernels[n](x), _routing(tokens, E, args.topk), args.seconds, evict
+            )
             for n in names
         }
         cells = [f"{times[n] * 1e3:>10.3f} ({times['bf16'] / times[n]:4.2f}x)" for n in names]

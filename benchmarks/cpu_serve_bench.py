@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import serve_demo  # noqa: E402
 import tiny_checkpoint  # noqa: E402
+from cpu_harness import cap_onednn_isa  # noqa: E402
 
 MODELS_DIR = REPO / "build" / "models"
 
@@ -327,13 +328,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
-    facts = machine_facts()
+    onednn_isa = cap_onednn_isa()  # inherited by every server
+    facts = machine_facts() | {
+        "x86_kernels": os.environ.get("VLLM_CPU_X86_KERNELS"),
+        "onednn_max_cpu_isa": onednn_isa,
+    }
     flags = " ".join(
         f"{f}={'yes' if v else 'no'}" for f, v in facts["cpu_flags"].items()
     )  # type: ignore[union-attr]
     print(f"machine: nproc={facts['nproc']}  cpu: {facts['cpu_model']}")
     print(f"flags:   {flags}")
     print(f"python {facts['python']}, torch {facts['torch']}, vllm {facts['vllm']}")
+    print(
+        f"VLLM_CPU_X86_KERNELS={facts['x86_kernels']}, "
+        f"ONEDNN_MAX_CPU_ISA={facts['onednn_max_cpu_isa']}"
+    )
     print(f"loadavg before: {' '.join(f'{x:.2f}' for x in facts['loadavg'])}")  # type: ignore[union-attr]
     print(
         f"settings: {args.shape} model, max_tokens={args.max_tokens} ignore_eos "

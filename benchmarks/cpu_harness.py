@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the CPU benchmark scripts share.
+
+* ``cap_onednn_isa()``: with ``VLLM_CPU_X86_KERNELS=avx512`` or ``avx2`` the
+  fork's kernels run as on a CPU without AMX, but bf16's dense layers (oneDNN,
+  ``onednn_mm``) would still find AMX on an AMX machine and make bf16 look
+  faster than it is on the CPUs those libraries are for. The cap sets
+  oneDNN's ``ONEDNN_MAX_CPU_ISA`` to the library's ISA (AVX512_CORE_BF16,
+  AVX2) unless it is set already; call it before oneDNN's first use (before
+  starting a server, or at the top of an in-process benchmark).
+* ``last_level_cache_bytes()`` and ``median_seconds()``: timing with the
+  last-level cache evicted before each call, as a served model's layers do not
+  fit in cache together.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+ONEDNN_ISA = {"avx512": "AVX512_CORE_BF16", "avx2": "AVX2"}
+
+
+def cap_onednn_isa() -> str | None:
+    """Cap oneDNN at the x86 kernel library's ISA; returns the cap in force."""
+    cap = ONEDNN_ISA.get(os.environ.get("VLLM_CPU_X86_KERNELS", ""))
+    if cap is not None:
+        os.environ.setdefault("ONEDNN_MAX_CPU_ISA", cap)
+    return os.environ.get("ONEDNN_MAX_CPU_ISA")
+
+
+def last_level_cache_bytes() -> int:
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        text = (index / "size").read_text().strip()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        sizes.append(int(text.rstrip("KMG")) * units.get(text[-1], 1))
+    return max(sizes, default=64 << 20)
+
+
+def eviction_buffer(warm_cache: bool):
+    """A buffer twice the last-level cache, or None with ``warm_cache``."""
+    import torch
+
+    if warm_cache:
+        return None
+    return torch.zeros(2 * last_level_cache_bytes() // 4, dtype=torch.int32)
+
+
+def median_seconds(
+    run: Callable[..., object],
+    inputs: Iterator[tuple],
+    seconds: float,
+    evict=None,
+) -> float:
+    """Median time of ``run(*args)`` over ``seconds`` (at least 5 calls, after
+    3 warm-up calls), each call with the next ``inputs`` and, when ``evict``
+    is given, the last-level cache evicted first (not timed)."""
+    for _ in range(3):
+        run(*next(inputs))
+    times = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 5:
+        args = next(inputs)
+        if evict is not None:
+            evict.add_(1)
+        start = time.perf_counter()
+        run(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One FP8 linear layer on CPU next to bf16, per token count.
+
+The question: how fast is a dense FP8 (W8A16) linear layer against bf16 on
+this CPU, at Qwen3-30B-A3B's attention widths (qkv 2048 -> 5120, o 4096 ->
+2048; --shapes N,K ...)? Each column times what the fork runs for the
+layer, in one process and one run:
+
+* bf16: the weight prepacked for oneDNN's onednn_mm, as vLLM's CPU
+  unquantized linear layers run it (ISA capped with VLLM_CPU_X86_KERNELS:
+  see cpu_harness.cap_onednn_isa), or torch's linear where oneDNN has no
+  bf16 matmul (AVX2), as vLLM falls back;
+* fp8-channel, fp8-block (128x128), mxfp8 (E8M0 groups of 32):
+  cpu_fp8_w8a16_linear, the op of CPUFp8W8A16LinearKernel and
+  CPUMxfp8LinearKernel (on x86, the C++ kernel cpu_wq_linear);
+* fp8-block-pytorch: the same op widening the weight in PyTorch ops (what
+  other CPUs and the layers the kernel does not take run), with --pytorch.
+
+Fresh random activations per call, the last-level cache evicted before it
+(--warm-cache keeps it), median over --seconds per cell after warm-up;
+ratio = bf16 time / kernel time. Not a test; it asserts nothing. From the
+repository root with the fork built:
+
+    VLLM_CPU_X86_KERNELS=avx512 .venv/bin/python benchmarks/cpu_linear_layer.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from cpu_harness import cap_onednn_isa, eviction_buffer, median_seconds
+
+onednn_isa = cap_onednn_isa()
+
+import torch  # noqa: E402
+
+
+def _activations(tokens: int, k: int):
+    while True:
+        yield (torch.randn(tokens, k, dtype=torch.bfloat16),)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shapes", nargs="+", default=["5120,2048", "2048,4096"], help="N,K"
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--pytorch", action="store_true")
+    parser.add_argument("--warm-cache", action="store_true")
+    args = parser.parse_args()
+
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_linear
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
+    evict = eviction_buffer(args.warm_cache)
+    library = getattr(current_platform, "x86_kernel_library", None)
+    print(
+        f"linear layer, {torch.get_num_threads()} threads, kernel library "
+        f"{library}, oneDNN ISA cap {onednn_isa}, "
+        f"{'warm' if args.warm_cache else 'cold'} cache"
+    )
+    torch.manual_seed(0)
+    for shape in args.shapes:
+        n, k = (int(v) for v in shape.split(","))
+        w = torch.randn(n, k) / k**0.5
+        w_bf16 = w.to(torch.bfloat16)
+        try:
+            handler = ops.create_onednn_mm(w_bf16.t(), 32)
+            bf16 = lambda x: ops.onednn_mm(handler, x, None)  # noqa: E731
+        except RuntimeError:
+            # oneDNN has no bf16 matmul for this ISA (AVX2): vLLM falls back
+            # to torch's linear
+            bf16 = lambda x: torch.nn.functional.linear(x, w_bf16)  # noqa: E731
+        fp8 = (w * 64).to(torch.float8_e4m3fn)
+        channel = torch.rand(n) / 64
+        block = torch.rand(-(-n // 128), -(-k // 128)) / 64
+        mx = cpu_linear.e8m0_to_float32(
+            torch.randint(118, 122, (n, k // 32), dtype=torch.uint8)
+        )
+        kernels = {
+            "bf16": bf16,
+            "fp8-channel": lambda x: cpu_linear.cpu_fp8_w8a16_linear(x, fp8, channel),
+            "fp8-block": lambda x: cpu_linear.cpu_fp8_w8a16_linear(
+                x, fp8, block, [128, 128]
+            ),
+            "mxfp8": lambda x: cpu_linear.cpu_fp8_w8a16_linear(x, fp8, mx, [1, 32]),
+        }
+        if args.pytorch:
+
+            def pytorch(x):
+                skips = cpu_linear._cpu_wq_linear_skips
+                cpu_linear._cpu_wq_linear_skips = lambda *a: "--pytorch"
+                try:
+                    return cpu_linear.cpu_fp8_w8a16_linear(x, fp8, block, [128, 128])
+                finally:
+                    cpu_linear._cpu_wq_linear_skips = skips
+
+            kernels["fp8-block-pytorch"] = pytorch
+        names = list(kernels)
+        print(f"\n[N, K] = [{n}, {k}]")
+        print(f"{'M':>5} " + " ".join(f"{name + ' ms':>22}" for name in names))
+        for tokens in args.tokens:
+            times = {
+                name: median_seconds(
+                    kernels[name], _activations(tokens, k), args.seconds, evict
+                )
+                for name in names
+            }
+            cells = [
+                f"{times[m] * 1e3:>10.3f} ({times['bf16'] / times[m]:4.2f}x)"
+                for m in names
+            ]
+            print(f"{tokens:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One FP8 linear layer on CPU next to bf16, per token count.
+"""One quantized linear layer on CPU next to bf16, per token count.
 
-The question: how fast is a dense FP8 (W8A16) linear layer against bf16 on
-this CPU, at Qwen3-30B-A3B's attention widths (qkv 2048 -> 5120, o 4096 ->
-2048; --shapes N,K ...)? Each column times what the fork runs for the
-layer, in one process and one run:
+The question: how fast is a dense FP8 (W8A16) or INT8 (W8A8) linear layer
+against bf16 on this CPU, at Qwen3-30B-A3B's attention widths (qkv 2048 ->
+5120, o 4096 -> 2048; --shapes N,K ...)? Each column times what the fork
+runs for the layer, in one process and one run:
 
 * bf16: the weight prepacked for oneDNN's onednn_mm, as vLLM's CPU
   unquantized linear layers run it (ISA capped with VLLM_CPU_X86_KERNELS:
@@ -14,7 +14,10 @@ layer, in one process and one run:
   cpu_fp8_w8a16_linear, the op of CPUFp8W8A16LinearKernel and
   CPUMxfp8LinearKernel (on x86, the C++ kernel cpu_wq_linear);
 * fp8-block-pytorch: the same op widening the weight in PyTorch ops (what
-  other CPUs and the layers the kernel does not take run), with --pytorch.
+  other CPUs and the layers the kernel does not take run), with --pytorch;
+* int8-w8a8: cpu_int8_linear (per-token dynamic activations), the x86 path
+  of CPUInt8ScaledMMLinearKernel without AMX; int8-w8a8-onednn: upstream's
+  oneDNN path of the same kernel (quantize, onednn_scaled_mm).
 
 Fresh random activations per call, the last-level cache evicted before it
 (--warm-cache keeps it), median over --seconds per cell after warm-up;
@@ -100,6 +103,28 @@ def main() -> None:
                     cpu_linear._cpu_wq_linear_skips = skips
 
             kernels["fp8-block-pytorch"] = pytorch
+        q = (w / w.abs().amax(1, keepdim=True) * 127).round().to(torch.int8)
+        q_scale = torch.rand(n) / 64
+        if hasattr(torch.ops._C, "cpu_int8_linear"):
+            packed = ops.cpu_prepack_moe_weight_int8(q.unsqueeze(0), "vec")[0]
+
+            def int8(x):
+                out = torch.empty(x.shape[0], n, dtype=x.dtype)
+                ops.cpu_int8_linear(out, x, packed, q_scale, None)
+                return out
+
+            kernels["int8-w8a8"] = int8
+        dnnl = ops.create_onednn_scaled_mm(
+            q.t(), q_scale.reshape(-1, 1), torch.bfloat16, True, False, 32
+        )
+
+        def int8_onednn(x):
+            x_q, x_s, _ = ops.onednn_scaled_int8_quant(x, None, None, True)
+            out = torch.empty(x.shape[0], n, dtype=x.dtype)
+            ops.onednn_scaled_mm(dnnl, x_q, out, x_s, None, None, None)
+            return out
+
+        kernels["int8-w8a8-onednn"] = int8_onednn
         names = list(kernels)
         print(f"\n[N, K] = [{n}, {k}]")
         print(f"{'M':>5} " + " ".join(f"{name + ' ms':>22}" for name in names))

@@ -11,6 +11,8 @@
 * ``last_level_cache_bytes()`` and ``median_seconds()``: timing with the
   last-level cache evicted before each call, as a served model's layers do not
   fit in cache together.
+* ``describe_run()``, ``print_table_head()``, ``print_table_row()``: the
+  machine line and the table of times and ratios to bf16 every script prints.
 """
 
 from __future__ import annotations
@@ -71,3 +73,27 @@ def median_seconds(
         run(*args)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def describe_run(what: str, warm_cache: bool) -> str:
+    """One line: what is timed, threads, kernel library, oneDNN cap, cache."""
+    import torch
+
+    from vllm.platforms import current_platform
+
+    library = getattr(current_platform, "x86_kernel_library", None)
+    return (
+        f"{what}, {torch.get_num_threads()} threads, kernel library {library}, "
+        f"oneDNN ISA cap {os.environ.get('ONEDNN_MAX_CPU_ISA')}, "
+        f"{'warm' if warm_cache else 'cold'} cache"
+    )
+
+
+def print_table_head(names: list[str]) -> None:
+    print(f"{'M':>5} " + " ".join(f"{name + ' ms':>22}" for name in names))
+
+
+def print_table_row(tokens: int, times: dict[str, float]) -> None:
+    """Each kernel's time and bf16's time over it (times["bf16"] first)."""
+    cells = [f"{t * 1e3:>10.3f} ({times['bf16'] / t:4.2f}x)" for t in times.values()]
+    print(f"{tokens:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)

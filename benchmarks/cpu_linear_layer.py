@@ -31,9 +31,16 @@ from __future__ import annotations
 
 import argparse
 
-from cpu_harness import cap_onednn_isa, eviction_buffer, median_seconds
+from cpu_harness import (
+    cap_onednn_isa,
+    describe_run,
+    eviction_buffer,
+    median_seconds,
+    print_table_head,
+    print_table_row,
+)
 
-onednn_isa = cap_onednn_isa()
+cap_onednn_isa()
 
 import torch  # noqa: E402
 
@@ -60,12 +67,7 @@ def main() -> None:
 
     current_platform.import_kernels()
     evict = eviction_buffer(args.warm_cache)
-    library = getattr(current_platform, "x86_kernel_library", None)
-    print(
-        f"linear layer, {torch.get_num_threads()} threads, kernel library "
-        f"{library}, oneDNN ISA cap {onednn_isa}, "
-        f"{'warm' if args.warm_cache else 'cold'} cache"
-    )
+    print(describe_run("linear layer", args.warm_cache))
     torch.manual_seed(0)
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split(","))
@@ -127,7 +129,7 @@ def main() -> None:
         kernels["int8-w8a8-onednn"] = int8_onednn
         names = list(kernels)
         print(f"\n[N, K] = [{n}, {k}]")
-        print(f"{'M':>5} " + " ".join(f"{name + ' ms':>22}" for name in names))
+        print_table_head(names)
         for tokens in args.tokens:
             times = {
                 name: median_seconds(
@@ -135,11 +137,7 @@ def main() -> None:
                 )
                 for name in names
             }
-            cells = [
-                f"{times[m] * 1e3:>10.3f} ({times['bf16'] / times[m]:4.2f}x)"
-                for m in names
-            ]
-            print(f"{tokens:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
+            print_table_row(tokens, times)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,14 @@ from __future__ import annotations
 
 import argparse
 
-from cpu_harness import cap_onednn_isa, eviction_buffer, median_seconds
+from cpu_harness import (
+    cap_onednn_isa,
+    describe_run,
+    eviction_buffer,
+    median_seconds,
+    print_table_head,
+    print_table_row,
+)
 
 cap_onednn_isa()
 
@@ -195,14 +202,14 @@ def main() -> None:
     # Qwen3-30B-A3B holds 30 GB of bf16 experts): each call finds its weights
     # in memory, unless --warm-cache.
     evict = eviction_buffer(args.warm_cache)
-    library = getattr(current_platform, "x86_kernel_library", None)
     print(
-        f"MoE layer E={E} top-{args.topk} hidden={H} intermediate={N}, "
-        f"{torch.get_num_threads()} threads, kernel library {library}, "
-        f"{'warm' if args.warm_cache else 'cold'} cache"
+        describe_run(
+            f"MoE layer E={E} top-{args.topk} hidden={H} intermediate={N}",
+            args.warm_cache,
+        )
     )
     names = list(kernels)
-    print(f"{'M':>5} " + " ".join(f"{n + ' ms':>22}" for n in names))
+    print_table_head(names)
     for tokens in args.tokens:
         x = torch.randn(tokens, H, dtype=torch.bfloat16)
         times = {
@@ -211,9 +218,7 @@ def main() -> None:
             )
             for n in names
         }
-        cells = [f"{times[n] * 1e3:>10.3f} ({times['bf16'] / times[n]:4.2f}x)" for n in names]
-        print(f"{tokens:>5} " + " ".join(f"{c:>22}" for c in cells), flush=True)
-
+        print_table_row(tokens, times)
 
 if __name__ == "__main__":
     main()

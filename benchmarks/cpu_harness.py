@@ -10,7 +10,7 @@
   starting a server, or at the top of an in-process benchmark).
 * ``last_level_cache_bytes()`` and ``median_seconds()``: timing with the
   last-level cache evicted before each call, as a served model's layers do not
-  fit in cache together.
+  fit in cache together, and the kernels of one table row called in turns.
 * ``describe_run()``, ``print_table_head()``, ``print_table_row()``: the
   machine line and the table of times and ratios to bf16 every script prints.
 """
@@ -53,26 +53,33 @@ def eviction_buffer(warm_cache: bool):
 
 
 def median_seconds(
-    run: Callable[..., object],
+    runs: dict[str, Callable[..., object]],
     inputs: Iterator[tuple],
     seconds: float,
     evict=None,
-) -> float:
-    """Median time of ``run(*args)`` over ``seconds`` (at least 5 calls, after
-    3 warm-up calls), each call with the next ``inputs`` and, when ``evict``
-    is given, the last-level cache evicted first (not timed)."""
-    for _ in range(3):
-        run(*next(inputs))
-    times = []
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 5:
-        args = next(inputs)
-        if evict is not None:
-            evict.add_(1)
-        start = time.perf_counter()
-        run(*args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+) -> dict[str, float]:
+    """Median time of each ``runs[name](*args)``, the runs called in turns
+    (one call each per round) for ``seconds`` per run (at least 5 rounds, after
+    3 warm-up calls each), so that a drift of the machine (other tenants'
+    memory traffic, clocks) reaches every run alike. Each call takes the next
+    ``inputs`` and, when ``evict`` is given, the last-level cache is evicted
+    first (not timed)."""
+    for run in runs.values():
+        for _ in range(3):
+            run(*next(inputs))
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    deadline = time.perf_counter() + seconds * len(runs)
+    rounds = 0
+    while time.perf_counter() < deadline or rounds < 5:
+        for name, run in runs.items():
+            args = next(inputs)
+            if evict is not None:
+                evict.add_(1)
+            start = time.perf_counter()
+            run(*args)
+            times[name].append(time.perf_counter() - start)
+        rounds += 1
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def describe_run(what: str, warm_cache: bool) -> str:

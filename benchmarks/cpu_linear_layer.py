@@ -20,8 +20,9 @@ runs for the layer, in one process and one run:
   oneDNN path of the same kernel (quantize, onednn_scaled_mm).
 
 Fresh random activations per call, the last-level cache evicted before it
-(--warm-cache keeps it), median over --seconds per cell after warm-up;
-ratio = bf16 time / kernel time. Not a test; it asserts nothing. From the
+(--warm-cache keeps it); the kernels of a row are called in turns for
+--seconds each after warm-up, median per kernel; ratio = bf16 time / kernel
+time. Not a test; it asserts nothing. From the
 repository root with the fork built:
 
     VLLM_CPU_X86_KERNELS=avx512 .venv/bin/python benchmarks/cpu_linear_layer.py
@@ -131,12 +132,9 @@ def main() -> None:
         print(f"\n[N, K] = [{n}, {k}]")
         print_table_head(names)
         for tokens in args.tokens:
-            times = {
-                name: median_seconds(
-                    kernels[name], _activations(tokens, k), args.seconds, evict
-                )
-                for name in names
-            }
+            times = median_seconds(
+                kernels, _activations(tokens, k), args.seconds, evict
+            )
             print_table_row(tokens, times)
 
 

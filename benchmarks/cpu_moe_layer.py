@@ -11,14 +11,15 @@ call them, in one process and one run:
 * fp8-block, fp8-channel, mxfp8, int8-w8a16, int4-g128: cpu_fused_moe_wq
   on the weights as checkpoints store them (FP8 with 128x128, per-channel
   or E8M0 group-32 scales; INT8 per channel; UINT4 with groups of 128);
-* int8-w8a8-dequant, fp8-block-dequant, int4-g128-dequant: the
-  CPUDequantExperts* per-expert loops (what x86 without AMX ran before the
-  micro-GEMMs, and the fallback now), with --dequant.
+* int4-g128-dequant: CPUDequantExpertsWNA16's per-expert loop over
+  PyTorch's int4 GEMM (what INT4 ran on x86 without AMX before the
+  micro-GEMM, and the fallback now), with --dequant.
 
 Every call routes its tokens to fresh random experts, and the last-level
 cache is evicted before it (a served model's layers do not fit in cache
-together; --warm-cache keeps it). Median of the calls made in
---seconds per cell, after warm-up; ratio = bf16 time / kernel time.
+together; --warm-cache keeps it). The kernels of a row are called in turns
+for --seconds each, after warm-up; median per kernel; ratio = bf16 time /
+kernel time.
 
 Not a test; it asserts nothing. From the repository root with the fork built:
 
@@ -117,8 +118,8 @@ def main() -> None:
         f2 = (q2.float() / 2).to(torch.float8_e4m3fn).view(torch.uint8)
         u13 = (q13.to(torch.int16).div(16, rounding_mode="floor") + 8).to(torch.uint8)
         u2 = (q2.to(torch.int16).div(16, rounding_mode="floor") + 8).to(torch.uint8)
-        u13 = (u13[..., 0::2] | (u13[..., 1::2] << 4)).contiguous()
-        u2 = (u2[..., 0::2] | (u2[..., 1::2] << 4)).contiguous()
+        u13 = ops.pack_uint4_for_cpu_wq(u13)
+        u2 = ops.pack_uint4_for_cpu_wq(u2)
         wq = {
             "fp8-block": (f13, f2, "fp8_e4m3", (128, 128)),
             "fp8-channel": (f13, f2, "fp8_e4m3", None),
@@ -155,48 +156,32 @@ def main() -> None:
         for name in wq:
             kernels[name] = weight_only(name)
     if args.dequant:
-        import vllm.model_executor.layers.fused_moe.experts.cpu_moe  # noqa: F401
-
-
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import (
             prepare_int4_moe_weight_for_cpu_dequant,
         )
 
-        def dequant(name, w13d, w2d, s13d, s2d, z13, z2, block, quantize=False):
-            def make(x):
-                def run(weights, ids):
-                    out = torch.empty_like(x)
-                    torch.ops.vllm.cpu_dequant_moe(
-                        out, x, w13d, w2d, weights, ids, None, s13d, s2d, z13,
-                        z2, None, None, name, "silu", *block, quantize, False,
-                        None,
-                    )
-
-                return run
-
-            return make
-
-        kernels["int8-w8a8-dequant"] = dequant(
-            "CPUDequantExpertsInt8", q13, q2, s13, s2, None, None, (0, 0), True
-        )
-        f13d = (q13.float() / 2).to(torch.float8_e4m3fn)
-        f2d = (q2.float() / 2).to(torch.float8_e4m3fn)
-        kernels["fp8-block-dequant"] = dequant(
-            "CPUDequantExpertsFp8", f13d, f2d,
-            torch.rand(E, 2 * N // 128, H // 128), torch.rand(E, H // 128, N // 128),
-            None, None, (128, 128),
-        )
-        v13 = (q13.to(torch.int16).div(16, rounding_mode="floor") + 8)
-        v2 = (q2.to(torch.int16).div(16, rounding_mode="floor") + 8)
+        # the int4-g128 codes, packed for PyTorch's int4 GEMM
+        v13 = q13.to(torch.int16).div(16, rounding_mode="floor") + 8
+        v2 = q2.to(torch.int16).div(16, rounding_mode="floor") + 8
         p13, ps13, _ = prepare_int4_moe_weight_for_cpu_dequant(
             v13, torch.rand(E, 2 * N, H // 128), None, torch.bfloat16
         )
         p2, ps2, _ = prepare_int4_moe_weight_for_cpu_dequant(
             v2, torch.rand(E, H, N // 128), None, torch.bfloat16
         )
-        kernels["int4-g128-dequant"] = dequant(
-            "CPUDequantExpertsWNA16", p13, p2, ps13, ps2, None, None, (-1, -1)
-        )
+
+        def int4_dequant(x):
+            def run(weights, ids):
+                out = torch.empty_like(x)
+                torch.ops.vllm.cpu_dequant_moe(
+                    out, x, p13, p2, weights, ids, None, ps13, ps2, None, None,
+                    None, None, "CPUDequantExpertsWNA16", "silu", -1, -1, False,
+                    False, None,
+                )
+
+            return run
+
+        kernels["int4-g128-dequant"] = int4_dequant
 
     # A served model's layers do not fit in cache together (a 48-layer
     # Qwen3-30B-A3B holds 30 GB of bf16 experts): each call finds its weights
@@ -212,12 +197,12 @@ def main() -> None:
     print_table_head(names)
     for tokens in args.tokens:
         x = torch.randn(tokens, H, dtype=torch.bfloat16)
-        times = {
-            n: median_seconds(
-                kernels[n](x), _routing(tokens, E, args.topk), args.seconds, evict
-            )
-            for n in names
-        }
+        times = median_seconds(
+            {n: kernels[n](x) for n in names},
+            _routing(tokens, E, args.topk),
+            args.seconds,
+            evict,
+        )
         print_table_row(tokens, times)
 
 if __name__ == "__main__":

@@ -187,6 +187,9 @@ X86_KERNELS = {
     "mxfp8-modelopt": "X86CPUExpertsMxfp8",
     "w8a8-int8": "X86CPUExpertsInt8",
     "online-int8": "X86CPUExpertsInt8",
+    "gptq-int4": "X86CPUExpertsWNA16",
+    "awq-int4": "X86CPUExpertsWNA16",
+    "w4a16-ct": "X86CPUExpertsWNA16",
 }
 
 

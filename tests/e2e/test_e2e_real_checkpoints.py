@@ -47,12 +47,11 @@ EXPERTS = {
     "mo-mxfp8": "X86CPUExpertsMxfp8",
     "llmc-w8a8": "X86CPUExpertsInt8",
     "llmc-w8a16": "X86CPUExpertsWNA16",
-    # int4: PyTorch's int4 GEMM per expert
-    "llmc-w4a16": "CPUDequantExpertsWNA16",
-    "llmc-w4a16-gptq": "CPUDequantExpertsWNA16",
-    "llmc-w4a16-asym": "CPUDequantExpertsWNA16",
-    "ar-gptq": "CPUDequantExpertsWNA16",
-    "ar-awq": "CPUDequantExpertsWNA16",
+    "llmc-w4a16": "X86CPUExpertsWNA16",
+    "llmc-w4a16-gptq": "X86CPUExpertsWNA16",
+    "llmc-w4a16-asym": "X86CPUExpertsWNA16",
+    "ar-gptq": "X86CPUExpertsWNA16",
+    "ar-awq": "X86CPUExpertsWNA16",
 }
 
 # Checkpoints with static FP8 input scales, which the CPU experts do not use.

@@ -90,8 +90,12 @@ def _engine_args(variant: Variant) -> dict:
 
 
 # Variants whose experts repack their weights at load under the AVX2
-# library (X86CPUExpertsInt8), reloaded there too.
-REPACKED_ON_AVX2 = {"w8a8-int8", "online-int8"}
+# library, reloaded there too, and the experts class that repacks them.
+REPACKED_ON_AVX2 = {
+    "w8a8-int8": "X86CPUExpertsInt8",
+    "online-int8": "X86CPUExpertsInt8",
+    "gptq-int4": "X86CPUExpertsWNA16",
+}
 
 
 def cases() -> list[tuple[Variant, str | None]]:
@@ -157,8 +161,9 @@ def test_reload_matches_a_fresh_load(
         log = lib.log_path(f"reload-{variant.name}-avx2-reload").read_text(
             errors="replace"
         )
-        assert "Using X86CPUExpertsInt8" in log, (
-            f"{variant.name} under avx2 did not take X86CPUExpertsInt8"
+        experts = REPACKED_ON_AVX2[variant.name]
+        assert f"Using {experts}" in log, (
+            f"{variant.name} under avx2 did not take {experts}"
         )
     assert reloaded["first"] != fresh["first"], (
         f"{variant.name}: the two checkpoints generate the same tokens, so "

@@ -14,6 +14,8 @@ from .config import Fork
 from .errors import ForkError
 
 
+PLUGIN_DIR = Path(__file__).parent / "pytest_plugins"
+
 ADDED_TEST = re.compile(r"^\+[ \t]*(?:async[ \t]+)?def[ \t]+(test\w*)[ \t]*\(", re.M)
 
 
@@ -88,9 +90,27 @@ def run_tests(fork: Fork, extra: list[str]) -> int:
     python = fork.venv_dir / "bin" / "python"
     if not python.exists():
         raise ForkError(f"no venv at {fork.venv_dir}: run `forkctl build` first")
-    env = {**os.environ, **cache_env(fork)}
-    cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, *extra]
-    print("+ " + " ".join(cmd), file=sys.stderr)
+    # Modules the base has run only the series' tests, selected by the plugin
+    # (see pytest_plugins/forkctl_select.py) rather than by node ids.
+    node_ids = [test for test in tests if "::" in test]
+    modules = list(dict.fromkeys(test.split("::", 1)[0] for test in tests))
+    env = {
+        **os.environ,
+        **cache_env(fork),
+        "FORKCTL_TESTS": "\n".join(node_ids),
+        "PYTHONPATH": os.pathsep.join(
+            [str(PLUGIN_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    cmd = [
+        str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        "-p", "forkctl_select", *modules, *extra,
+    ]  # fmt: skip
+    print(
+        f"+ FORKCTL_TESTS=<{len(node_ids)} tests of the base's modules> "
+        + " ".join(cmd),
+        file=sys.stderr,
+    )
     code = subprocess.run(cmd, cwd=fork.tree_dir, env=env).returncode
     if code == 5:
         raise ForkError("pytest collected no tests from the series' test files")

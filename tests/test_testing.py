@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from conftest import BASE_FILES
 
 from forkctl import config, testing
@@ -56,3 +60,60 @@ def test_an_unknown_scope_is_refused(fork):
     toml.write_text(toml.read_text() + '\n[test]\nscope = "some"\n')
     result = fork.run("status")
     assert result.rc == 1 and "[test] scope must be 'files' or 'added'" in result.err
+
+
+def _pytest(tmp_path, args: list[str], wanted: list[str] | None = None):
+    """pytest in tmp_path, with the plugin of `forkctl test` selecting
+    ``wanted`` (without it when None)."""
+    plugin = [] if wanted is None else ["-p", "forkctl_select"]
+    env = {
+        **os.environ,
+        "FORKCTL_TESTS": "\n".join(wanted or []),
+        "PYTHONPATH": str(testing.PLUGIN_DIR),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider"]
+        + plugin
+        + args,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_plugin_keeps_only_the_named_tests_of_the_base_modules(tmp_path):
+    (tmp_path / "test_base.py").write_text(
+        BASE_TEST + "\n\nimport pytest\n\n\n@pytest.mark.parametrize('x', [1, 2])\n"
+        "def test_fork_param(x):\n    assert x\n"
+    )
+    (tmp_path / "test_fork.py").write_text("def test_new_file():\n    assert True\n")
+    # a module of the base that skips itself at import (e.g. without AMX)
+    (tmp_path / "test_skips.py").write_text(
+        "import pytest\n\npytest.skip('needs AMX', allow_module_level=True)\n\n\n"
+        "def test_fork_skipped():\n    assert False\n"
+    )
+    modules = ["test_base.py", "test_skips.py", "test_fork.py"]
+    wanted = [
+        "test_base.py::TestUpstream::test_upstream_two",
+        "test_base.py::test_fork_param",
+        "test_skips.py::test_fork_skipped",
+    ]
+    result = _pytest(tmp_path, modules, wanted)
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = {
+        line.split(" ")[0] for line in result.stdout.splitlines() if " PASSED" in line
+    }
+    assert passed == {
+        "test_base.py::TestUpstream::test_upstream_two",
+        "test_base.py::test_fork_param[1]",
+        "test_base.py::test_fork_param[2]",
+        "test_fork.py::test_new_file",
+    }
+    # test_upstream_one is left out; the module that skips itself says so
+    assert "1 skipped, 1 deselected" in result.stdout
+    # Given as node ids instead, the module that skips itself fails to collect.
+    plain = _pytest(tmp_path, wanted)
+    assert (
+        plain.returncode == 4 and "found no collectors" in plain.stdout + plain.stderr
+    )

@@ -117,3 +117,35 @@ def test_the_plugin_keeps_only_the_named_tests_of_the_base_modules(tmp_path):
     assert (
         plain.returncode == 4 and "found no collectors" in plain.stdout + plain.stderr
     )
+
+
+def test_run_tests_gives_pytest_the_modules_and_the_plugin_the_node_ids(
+    fork, monkeypatch
+):
+    _series(fork)
+    toml = fork.root / "fork.toml"
+    toml.write_text(toml.read_text() + '\n[test]\nscope = "added"\n')
+    python = fork.root / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    monkeypatch.delenv("FORK_VENV", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    calls = []
+
+    def run(cmd, cwd, env):
+        calls.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(testing.subprocess, "run", run)
+    assert testing.run_tests(config.load(fork.root), ["-k", "fork"]) == 0
+    [(cmd, env)] = calls
+    assert cmd[cmd.index("forkctl_select") - 1] == "-p"
+    assert cmd[-4:] == ["tests/test_base.py", "tests/test_fork.py", "-k", "fork"]
+    assert env["FORKCTL_TESTS"].splitlines() == [
+        "tests/test_base.py::test_fork_function",
+        "tests/test_base.py::TestUpstream::test_fork_method",
+    ]
+    assert env["PYTHONPATH"].split(os.pathsep) == [
+        str(testing.PLUGIN_DIR),
+        "/elsewhere",
+    ]

@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -156,45 +157,63 @@ def ensure_checkpoint(scheme: str, shape: str = "tiny") -> Path:
     return out
 
 
-def _client(base_url: str):
-    import httpx
-    from openai import OpenAI
+# A client on the same 2-core machine competes with the server for the CPU.
+# With upstream's default wait of the engine core for its worker (a Python
+# loop of sched_yield() over the shared-memory queue, for 1 s after each read)
+# a burst's requests went out one at a time in 9 of 32 16-concurrent runs:
+# each reached the server as the one before it finished, and the server added
+# each within a millisecond. Such a run of the tiny model gave 540-1290 tok/s
+# against 3800-5300. With the waiting in upstream's C extension
+# (VLLM_USE_SPINLOOP_EXT=1), 2 runs of 36 did (tiny model, every scheme); a
+# remote client would not compete for the server's cores. The servers get it
+# unless the environment says otherwise. The requests go through the standard
+# library's HTTP client: the openai client's httpx needs more of the CPU the
+# server leaves it.
+SERVER_ENV = {"VLLM_USE_SPINLOOP_EXT": "1"}
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    return OpenAI(
-        base_url=base_url,
-        api_key="EMPTY",
-        timeout=300.0,
-        max_retries=0,
-        http_client=httpx.Client(trust_env=False, timeout=300.0),
+
+def _post(base_url: str, path: str, body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{base_url}/{path}", data=data, headers={"Content-Type": "application/json"}
     )
+    with _OPENER.open(request, timeout=300.0) as resp:
+        return json.loads(resp.read())
 
 
-def _complete(client, model: str, prompt: str, max_tokens: int) -> int:
-    resp = client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        extra_body={"ignore_eos": True},
+def _model(base_url: str) -> str:
+    return _post(base_url, "models")["data"][0]["id"]
+
+
+def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> int:
+    resp = _post(
+        base_url,
+        "completions",
+        {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        },
     )
-    n = resp.usage.completion_tokens
+    n = resp["usage"]["completion_tokens"]
     if n != max_tokens:
         raise RuntimeError(f"got {n} tokens, wanted {max_tokens} (ignore_eos?)")
     return n
 
 
 def batch1_tps(base_url: str, model: str, n_requests: int, max_tokens: int) -> float:
-    client = _client(base_url)
     t0 = time.perf_counter()
     tokens = sum(
-        _complete(client, model, PROMPTS[i % len(PROMPTS)], max_tokens)
+        _complete(base_url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
         for i in range(n_requests)
     )
     return tokens / (time.perf_counter() - t0)
 
 
 def concurrent_tps(base_url: str, model: str, n: int, max_tokens: int) -> float:
-    clients = [_client(base_url) for _ in range(n)]
     barrier = threading.Barrier(n + 1, timeout=60)
     results: list[int | BaseException] = [0] * n
 
@@ -202,7 +221,7 @@ def concurrent_tps(base_url: str, model: str, n: int, max_tokens: int) -> float:
         try:
             barrier.wait()
             results[i] = _complete(
-                clients[i], model, PROMPTS[i % len(PROMPTS)], max_tokens
+                base_url, model, PROMPTS[i % len(PROMPTS)], max_tokens
             )
         except BaseException as e:  # noqa: BLE001 - re-raised below
             results[i] = e
@@ -258,12 +277,17 @@ def bench_one(name: str, args: argparse.Namespace) -> Row:
     log = REPO / "build" / "bench" / f"serve-{name}.log"
     t0 = time.perf_counter()
     with serve_demo.running_server(
-        path, list(flags), log_path=log, default_args=defaults, ready_timeout_s=600
+        path,
+        list(flags),
+        log_path=log,
+        default_args=defaults,
+        ready_timeout_s=600,
+        env={**SERVER_ENV, **os.environ},
     ) as base_url:
         ready = time.perf_counter() - t0
-        model = _client(base_url).models.list().data[0].id
+        model = _model(base_url)
         # Warm-up: one request, then one short burst (first-call costs).
-        _complete(_client(base_url), model, "Warm-up: the weather today is", 8)
+        _complete(base_url, model, "Warm-up: the weather today is", 8)
         concurrent_tps(base_url, model, args.concurrency, 8)
         b1 = [
             batch1_tps(base_url, model, args.batch1_requests, args.max_tokens)
@@ -350,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batch1_requests} sequential requests, concurrency={args.concurrency}, "
         f"median of {args.repeats}, "
         f"{'compiled' if args.compile else '--enforce-eager'}, "
-        f"serve args {' '.join(_serve_args(args))}",
+        f"serve args {' '.join(_serve_args(args))}, server environment "
+        + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in SERVER_ENV.items()),
         flush=True,
     )
     rows = []

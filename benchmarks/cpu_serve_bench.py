@@ -160,11 +160,11 @@ def ensure_checkpoint(scheme: str, shape: str = "tiny") -> Path:
 # A client on the same 2-core machine competes with the server for the CPU.
 # With upstream's default wait of the engine core for its worker (a Python
 # loop of sched_yield() over the shared-memory queue, for 1 s after each read)
-# a burst's requests went out one at a time in 9 of 32 16-concurrent runs:
+# a burst's requests went out one at a time in 7 of 32 16-concurrent runs:
 # each reached the server as the one before it finished, and the server added
-# each within a millisecond. Such a run of the tiny model gave 540-1290 tok/s
-# against 3800-5300. With the waiting in upstream's C extension
-# (VLLM_USE_SPINLOOP_EXT=1), 2 runs of 36 did (tiny model, every scheme); a
+# each within a millisecond. Such a run of the tiny model gave 550-1190 tok/s
+# against 4080-5370. With the waiting in upstream's C extension
+# (VLLM_USE_SPINLOOP_EXT=1), 1 run of 36 did (tiny model, every scheme); a
 # remote client would not compete for the server's cores. The servers get it
 # unless the environment says otherwise. The requests go through the standard
 # library's HTTP client: the openai client's httpx needs more of the CPU the

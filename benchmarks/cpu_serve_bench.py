@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -160,34 +161,43 @@ def ensure_checkpoint(scheme: str, shape: str = "tiny") -> Path:
 # A client on the same 2-core machine competes with the server for the CPU.
 # With upstream's default wait of the engine core for its worker (a Python
 # loop of sched_yield() over the shared-memory queue, for 1 s after each read)
-# a burst's requests went out one at a time in 7 of 32 16-concurrent runs:
-# each reached the server as the one before it finished, and the server added
-# each within a millisecond. Such a run of the tiny model gave 550-1190 tok/s
-# against 4080-5370. With the waiting in upstream's C extension
-# (VLLM_USE_SPINLOOP_EXT=1), 1 run of 36 did (tiny model, every scheme); a
-# remote client would not compete for the server's cores. The servers get it
-# unless the environment says otherwise. The requests go through the standard
-# library's HTTP client: the openai client's httpx needs more of the CPU the
-# server leaves it.
+# a burst's requests went out mostly one at a time in 7 of 32 16-concurrent
+# runs of the tiny model (550-1190 tok/s against 4080-5370; 2 more in part):
+# they reached the server as the one before finished, and the server added
+# each within a millisecond. With upstream's C extension for that wait
+# (VLLM_USE_SPINLOOP_EXT=1; on Intel also a busy poll, with the GIL released,
+# for up to 0.1 s at a time), 1 run of 22 with this client did, 1 more in
+# part. A remote client would not compete for the server's cores. The servers
+# get it unless the environment says otherwise. The requests go through the
+# standard library's HTTP client: 16 threads with httpx (the openai client's)
+# sent 7 of 12 bursts one request at a time, this client 0 of 16.
 SERVER_ENV = {"VLLM_USE_SPINLOOP_EXT": "1"}
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _post(base_url: str, path: str, body: dict | None = None) -> dict:
+def _request(base_url: str, path: str, body: dict | None = None) -> dict:
+    """GET (no body) or POST a JSON body to the server's /v1/PATH; its JSON
+    reply. An HTTP error raises RuntimeError with the server's message."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
         f"{base_url}/{path}", data=data, headers={"Content-Type": "application/json"}
     )
-    with _OPENER.open(request, timeout=300.0) as resp:
-        return json.loads(resp.read())
+    try:
+        with _OPENER.open(request, timeout=300.0) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace").strip()
+        raise RuntimeError(f"/{path}: HTTP {e.code}: {detail}") from e
+    except ValueError as e:
+        raise RuntimeError(f"/{path}: the reply is not JSON: {e}") from e
 
 
 def _model(base_url: str) -> str:
-    return _post(base_url, "models")["data"][0]["id"]
+    return _request(base_url, "models")["data"][0]["id"]
 
 
 def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> int:
-    resp = _post(
+    resp = _request(
         base_url,
         "completions",
         {
@@ -198,7 +208,7 @@ def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> int:
             "ignore_eos": True,
         },
     )
-    n = resp["usage"]["completion_tokens"]
+    n = resp.get("usage", {}).get("completion_tokens")
     if n != max_tokens:
         raise RuntimeError(f"got {n} tokens, wanted {max_tokens} (ignore_eos?)")
     return n
@@ -270,6 +280,11 @@ def _serve_args(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def server_env_settings() -> dict[str, str]:
+    """SERVER_ENV as the servers get it (the environment's values win)."""
+    return {k: os.environ.get(k, v) for k, v in SERVER_ENV.items()}
+
+
 def bench_one(name: str, args: argparse.Namespace) -> Row:
     scheme, flags = MODELS[name]
     path = ensure_checkpoint(scheme, args.shape)
@@ -285,6 +300,8 @@ def bench_one(name: str, args: argparse.Namespace) -> Row:
         env={**SERVER_ENV, **os.environ},
     ) as base_url:
         ready = time.perf_counter() - t0
+        if "disabling VLLM_USE_SPINLOOP_EXT" in log.read_text(errors="replace"):
+            print(f"  {name}: the server could not load vllm.spinloop", flush=True)
         model = _model(base_url)
         # Warm-up: one request, then one short burst (first-call costs).
         _complete(base_url, model, "Warm-up: the weather today is", 8)
@@ -375,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         f"median of {args.repeats}, "
         f"{'compiled' if args.compile else '--enforce-eager'}, "
         f"serve args {' '.join(_serve_args(args))}, server environment "
-        + " ".join(f"{k}={os.environ.get(k, v)}" for k, v in SERVER_ENV.items()),
+        + " ".join(f"{k}={v}" for k, v in server_env_settings().items()),
         flush=True,
     )
     rows = []
@@ -404,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "machine": facts,
                     "loadavg_after": after,
-                    "settings": vars(args) | {"json": str(args.json)},
+                    "settings": vars(args)
+                    | {"json": str(args.json), "server_env": server_env_settings()},
                     "rows": [asdict(r) for r in rows],
                 },
                 indent=2,

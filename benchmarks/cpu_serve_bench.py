@@ -19,6 +19,10 @@ tools/serve_demo.running_server (127.0.0.1, always stopped) and measures:
 * concurrent output tokens/s: N requests in flight at once (threads released
   together), total completion tokens / wall time of the burst.
 
+The servers run with VLLM_USE_SPINLOOP_EXT=1 unless the environment sets it,
+and the requests go through the standard library's HTTP client (SERVER_ENV
+below says why).
+
 A warm-up request and a short warm-up burst run first (the first requests
 of a server pay one-off costs).  Each throughput figure is the median of --repeats runs.  Not a test:
 it asserts nothing about speed.  Timings on a small shared machine are noisy;

@@ -171,10 +171,11 @@ def ensure_checkpoint(scheme: str, shape: str = "tiny") -> Path:
 # each within a millisecond. With upstream's C extension for that wait
 # (VLLM_USE_SPINLOOP_EXT=1; on Intel also a busy poll, for up to 0.1 s at a
 # time, releasing the GIL around a pause between its checks and calling no
-# sched_yield()), 1 run of 22 with this client did, 1 more in part. A remote client would not compete for the server's cores. The servers
-# get it unless the environment says otherwise. The requests go through the
-# standard library's HTTP client: 16 threads with httpx (the openai client's)
-# sent 7 of 12 bursts one request at a time, this client 0 of 16.
+# sched_yield()), 1 run of 28 with this client did, 1 more in part. A remote
+# client would not compete for the server's cores. The servers get it unless
+# the environment says otherwise. The requests go through the standard
+# library's HTTP client: 16 threads with httpx (the openai client's) sent 7 of
+# 12 bursts one request at a time, this client 0 of 16.
 SERVER_ENV = {"VLLM_USE_SPINLOOP_EXT": "1"}
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

@@ -52,8 +52,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -177,32 +175,14 @@ def ensure_checkpoint(scheme: str, shape: str = "tiny") -> Path:
 # library's HTTP client: 16 threads with httpx (the openai client's) sent 7 of
 # 12 bursts one request at a time, this client 0 of 16.
 SERVER_ENV = {"VLLM_USE_SPINLOOP_EXT": "1"}
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _request(base_url: str, path: str, body: dict | None = None) -> dict:
-    """GET (no body) or POST a JSON body to the server's /v1/PATH; its JSON
-    reply. An HTTP error raises RuntimeError with the server's message."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"{base_url}/{path}", data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with _OPENER.open(request, timeout=300.0) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace").strip()
-        raise RuntimeError(f"/{path}: HTTP {e.code}: {detail}") from e
-    except ValueError as e:
-        raise RuntimeError(f"/{path}: the reply is not JSON: {e}") from e
 
 
 def _model(base_url: str) -> str:
-    return _request(base_url, "models")["data"][0]["id"]
+    return serve_demo.request_json(base_url, "models")["data"][0]["id"]
 
 
 def _complete(base_url: str, model: str, prompt: str, max_tokens: int) -> int:
-    resp = _request(
+    resp = serve_demo.request_json(
         base_url,
         "completions",
         {

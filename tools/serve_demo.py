@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import signal
@@ -218,6 +219,27 @@ def running_server(
             yield f"{base}/v1"
         finally:
             _stop(proc)
+
+
+def request_json(
+    base_url: str, path: str, body: dict | None = None, timeout_s: float = 300.0
+) -> dict:
+    """GET (no body) or POST a JSON body to ``base_url/path``; its JSON reply.
+    The standard library's client, no proxy: lighter on a small machine than
+    the openai client. An HTTP error raises ServerError with the server's
+    message."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{base_url}/{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with _OPENER.open(request, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace").strip()
+        raise ServerError(f"/{path}: HTTP {e.code}: {detail}") from e
+    except ValueError as e:
+        raise ServerError(f"/{path}: the reply is not JSON: {e}") from e
 
 
 def complete(base_url: str, prompt: str, max_tokens: int = 16) -> tuple[str, str]:

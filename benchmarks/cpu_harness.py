@@ -10,7 +10,8 @@
   starting a server, or at the top of an in-process benchmark).
 * ``last_level_cache_bytes()`` and ``median_seconds()``: timing with the
   last-level cache evicted before each call, as a served model's layers do not
-  fit in cache together, and the kernels of one table row called in turns.
+  fit in cache together, and the kernels of one table row called in turns;
+  optionally with the code warmed again after the eviction (``rewarm``).
 * ``describe_run()``, ``print_table_head()``, ``print_table_row()``: the
   machine line and the table of times and ratios to bf16 every script prints.
 """
@@ -57,13 +58,22 @@ def median_seconds(
     inputs: Iterator[tuple],
     seconds: float,
     evict=None,
+    rewarm: Callable[..., tuple | None] | None = None,
 ) -> dict[str, float]:
     """Median time of each ``runs[name](*args)``, the runs called in turns
     (one call each per round) for ``seconds`` per run (at least 5 rounds, after
     3 warm-up calls each), so that a drift of the machine (other tenants'
     memory traffic, clocks) reaches every run alike. Each call takes the next
     ``inputs`` and, when ``evict`` is given, the last-level cache is evicted
-    first (not timed)."""
+    first (not timed).
+
+    The eviction also takes the code's, the interpreter's and the op
+    dispatcher's state out of cache, which a served model's layer finds in
+    cache (the layers before it ran the same code a moment earlier).
+    ``rewarm(*args)``, when given, returns arguments for the same run that
+    reach none of the weights ``args`` reach (or None when there are none):
+    the run is called on them after the eviction, not timed, so that the timed
+    call finds its weights in memory and the rest in cache."""
     for run in runs.values():
         for _ in range(3):
             run(*next(inputs))
@@ -75,6 +85,9 @@ def median_seconds(
             args = next(inputs)
             if evict is not None:
                 evict.add_(1)
+                other = rewarm(*args) if rewarm is not None else None
+                if other is not None:
+                    run(*other)
             start = time.perf_counter()
             run(*args)
             times[name].append(time.perf_counter() - start)
@@ -82,7 +95,7 @@ def median_seconds(
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def describe_run(what: str, warm_cache: bool) -> str:
+def describe_run(what: str, warm_cache: bool, rewarm: bool = False) -> str:
     """One line: what is timed, threads, kernel library, oneDNN cap, cache."""
     import torch
 
@@ -93,6 +106,7 @@ def describe_run(what: str, warm_cache: bool) -> str:
         f"{what}, {torch.get_num_threads()} threads, kernel library {library}, "
         f"oneDNN ISA cap {os.environ.get('ONEDNN_MAX_CPU_ISA')}, "
         f"{'warm' if warm_cache else 'cold'} cache"
+        f"{', code warmed again after each eviction' if rewarm and not warm_cache else ''}"
     )
 
 

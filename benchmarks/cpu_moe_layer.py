@@ -17,7 +17,10 @@ call them, in one process and one run:
 
 Every call routes its tokens to fresh random experts, and the last-level
 cache is evicted before it (a served model's layers do not fit in cache
-together; --warm-cache keeps it). The kernels of a row are called in turns
+together; --warm-cache keeps it). The eviction takes the code and the
+interpreter's state out of cache too, which a served layer finds there: after
+it, each kernel is called once on experts the timed call does not use (not
+timed), unless --cold-code. The kernels of a row are called in turns
 for --seconds each, after warm-up; median per kernel; ratio = bf16 time /
 kernel time.
 
@@ -51,6 +54,25 @@ def _routing(tokens: int, experts: int, topk: int):
         yield weights.contiguous(), ids.to(torch.int32).contiguous()
 
 
+def _other_experts(experts: int, topk: int):
+    """rewarm for median_seconds: every token routed to the same topk experts
+    that the given routing does not use, or None when fewer are left."""
+
+    def rewarm(weights, ids):
+        unused = torch.ones(experts, dtype=torch.bool)
+        unused[ids.flatten().long()] = False
+        left = unused.nonzero().flatten()
+        if left.numel() < topk:
+            return None
+        pick = left[torch.randperm(left.numel())[:topk]].to(torch.int32)
+        return (
+            torch.full_like(weights, 1.0 / topk),
+            pick.expand_as(ids).contiguous(),
+        )
+
+    return rewarm
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experts", type=int, default=128)
@@ -64,6 +86,12 @@ def main() -> None:
         "--warm-cache",
         action="store_true",
         help="do not evict the last-level cache before each call",
+    )
+    parser.add_argument(
+        "--cold-code",
+        action="store_true",
+        help="no untimed call on other experts after each eviction: the timed "
+        "call also finds the code and the interpreter's state in memory",
     )
     args = parser.parse_args()
 
@@ -191,6 +219,7 @@ def main() -> None:
         describe_run(
             f"MoE layer E={E} top-{args.topk} hidden={H} intermediate={N}",
             args.warm_cache,
+            rewarm=not args.cold_code,
         )
     )
     names = list(kernels)
@@ -202,8 +231,10 @@ def main() -> None:
             _routing(tokens, E, args.topk),
             args.seconds,
             evict,
+            None if args.cold_code else _other_experts(E, args.topk),
         )
         print_table_row(tokens, times)
+
 
 if __name__ == "__main__":
     main()

@@ -23,8 +23,8 @@ quantization method vLLM detected and the MoE experts the fork's kernels
 give that scheme, and a checkpoint with static FP8 input scales (ModelOpt
 FP8) must say they are ignored.
 
-Time: 24 servers and the twin, about 13 min on 2 cores with every
-checkpoint cached; building the three tool venvs and writing the twelve
+Time: 28 servers and the twin, about 16 min on 2 cores with every
+checkpoint cached; building the three tool venvs and writing the fourteen
 checkpoints adds about 4 min on a machine that has neither.
 """
 
@@ -50,6 +50,8 @@ EXPERTS = {
     "llmc-w4a16": "X86CPUExpertsWNA16",
     "llmc-w4a16-gptq": "X86CPUExpertsWNA16",
     "llmc-w4a16-asym": "X86CPUExpertsWNA16",
+    "llmc-w4a16-g32": "X86CPUExpertsWNA16",
+    "llmc-w4a16-channel": "X86CPUExpertsWNA16",
     "ar-gptq": "X86CPUExpertsWNA16",
     "ar-awq": "X86CPUExpertsWNA16",
 }
@@ -64,7 +66,15 @@ STATIC_INPUT_SCALES = {"mo-fp8"}
 # llm-compressor's W4A16, all at twin gaps <= 1.0); every other rule of
 # e2e_lib.judge stands, and test_rule_rejects_swapped_experts shows a wrong
 # int4 model still fails.
-INT4 = {"llmc-w4a16", "llmc-w4a16-gptq", "llmc-w4a16-asym", "ar-gptq", "ar-awq"}
+INT4 = {
+    "llmc-w4a16",
+    "llmc-w4a16-gptq",
+    "llmc-w4a16-asym",
+    "llmc-w4a16-g32",
+    "llmc-w4a16-channel",
+    "ar-gptq",
+    "ar-awq",
+}
 INT4_MAX_FLIP_FRACTION = 0.25
 
 

@@ -86,11 +86,25 @@ FORMATS: dict[str, Format] = {
             "int4 asymmetric g128 weights (zero points), round to nearest",
         ),
         Format(
+            "llmc-w4a16-g32",
+            LLMCOMPRESSOR,
+            "W4A16-G32",
+            CT,
+            "int4 symmetric weights in groups of 32, round to nearest",
+        ),
+        Format(
+            "llmc-w4a16-channel",
+            LLMCOMPRESSOR,
+            "W4A16-CHANNEL",
+            CT,
+            "int4 symmetric per-channel weights, GPTQ (default actorder)",
+        ),
+        Format(
             "llmc-w8a16",
             LLMCOMPRESSOR,
             "W8A16",
             CT,
-            "int8 per-channel weights, bf16 activations",
+            "int8 symmetric g128 weights, bf16 activations",
         ),
         Format(
             "llmc-mxfp8",

@@ -23,8 +23,8 @@ quantization method vLLM detected and the MoE experts the fork's kernels
 give that scheme, and a checkpoint with static FP8 input scales (ModelOpt
 FP8) must say they are ignored.
 
-Time: 28 servers and the twin, about 16 min on 2 cores with every
-checkpoint cached; building the three tool venvs and writing the fourteen
+Time: 24 servers and the twin took about 13 min on 2 cores with every
+checkpoint cached, and the 4 servers of the W4A16 variants 3 min more; building the three tool venvs and writing the fourteen
 checkpoints adds about 4 min on a machine that has neither.
 """
 

@@ -81,14 +81,14 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(base)
 
+    # the preset by name, or a W4A16 variant's config groups
+    if args.scheme in W4A16_VARIANTS:
+        scheme = {"config_groups": _w4a16_groups(args.scheme)}
+    else:
+        scheme = {"targets": "Linear", "scheme": args.scheme.removesuffix("-GPTQ")}
     kwargs: dict[str, object] = {}
     if args.scheme in ("W4A16-GPTQ", "W4A16-CHANNEL"):
-        if args.scheme == "W4A16-GPTQ":
-            recipe = GPTQModifier(targets="Linear", scheme="W4A16", ignore=IGNORE)
-        else:
-            recipe = GPTQModifier(
-                config_groups=_w4a16_groups(args.scheme), ignore=IGNORE
-            )
+        recipe = GPTQModifier(**scheme, ignore=IGNORE)
         ids = calib.calibration_ids(calib.vocab_size(base))
         kwargs = {
             "dataset": Dataset.from_dict(
@@ -101,14 +101,8 @@ def main() -> None:
             "max_seq_length": ids.shape[1],
             "shuffle_calibration_samples": False,
         }
-    elif args.scheme in W4A16_VARIANTS:
-        recipe = QuantizationModifier(
-            config_groups=_w4a16_groups(args.scheme), ignore=IGNORE
-        )
     else:
-        recipe = QuantizationModifier(
-            targets="Linear", scheme=args.scheme, ignore=IGNORE
-        )
+        recipe = QuantizationModifier(**scheme, ignore=IGNORE)
     oneshot(model=model, recipe=recipe, **kwargs)
     model.save_pretrained(args.out, save_compressed=True)
     tokenizer.save_pretrained(args.out)

@@ -93,6 +93,13 @@ FORMATS: dict[str, Format] = {
             "int4 symmetric weights in groups of 32, round to nearest",
         ),
         Format(
+            "llmc-w4a16-g64",
+            LLMCOMPRESSOR,
+            "W4A16-G64",
+            CT,
+            "int4 symmetric weights in groups of 64, round to nearest",
+        ),
+        Format(
             "llmc-w4a16-channel",
             LLMCOMPRESSOR,
             "W4A16-CHANNEL",
@@ -105,6 +112,13 @@ FORMATS: dict[str, Format] = {
             "W8A16",
             CT,
             "int8 symmetric g128 weights, bf16 activations",
+        ),
+        Format(
+            "llmc-w8a16-channel",
+            LLMCOMPRESSOR,
+            "W8A16-CHANNEL",
+            CT,
+            "int8 symmetric per-channel weights, bf16 activations",
         ),
         Format(
             "llmc-mxfp8",

@@ -3,14 +3,15 @@
 Run by the llmcompressor venv's python:
 ``llmcompressor.py --scheme FP8_DYNAMIC --base BF16_DIR --out DIR --work TMP``.
 ``W4A16-GPTQ`` is the W4A16 preset through GPTQModifier (calibrated,
-default actorder). ``W4A16-G32`` and ``W4A16-CHANNEL`` are the W4A16 preset's
-weights in groups of 32 inputs and with one scale per channel (config groups
-of their own, as the tool's docs write custom schemes), the first through
-QuantizationModifier, the second through GPTQModifier: rounded to nearest,
-one scale per channel on this tiny random model flips next tokens the bf16
-twin holds by a wide margin (a top-2 gap of 2.4 nats), which the e2e rule
-rejects. Every other scheme is the preset of that name through
-QuantizationModifier (round to nearest, data-free).
+default actorder). ``W4A16-G32``, ``W4A16-G64`` and ``W4A16-CHANNEL`` are the
+W4A16 preset's weights in groups of 32 or 64 inputs and with one scale per
+channel, ``W8A16-CHANNEL`` the W8A16 preset's with one scale per channel
+(config groups of their own, as the tool's docs write custom schemes).
+``W4A16-CHANNEL`` goes through GPTQModifier: rounded to nearest, 4-bit
+weights with one scale per channel on this tiny random model flip next
+tokens the bf16 twin holds by a wide margin (a top-2 gap of 2.4 nats),
+which the e2e rule rejects. Every other scheme goes through
+QuantizationModifier (round to nearest, data-free), the presets by name.
 """
 
 from __future__ import annotations
@@ -51,24 +52,27 @@ SCHEMES = [
     "W4A16-GPTQ",
     "W4A16_ASYM",
     "W4A16-G32",
+    "W4A16-G64",
     "W4A16-CHANNEL",
     "W8A16",
+    "W8A16-CHANNEL",
     "MXFP8",
     "W8A8",
 ]
 
 
-# The W4A16 preset's weights (4-bit symmetric integers) at other granularities.
-W4A16_VARIANTS = {
-    "W4A16-G32": {"strategy": "group", "group_size": 32},
-    "W4A16-CHANNEL": {"strategy": "channel"},
+# The W4A16 and W8A16 presets' weights (symmetric integers) at other
+# granularities.
+VARIANTS = {
+    "W4A16-G32": {"num_bits": 4, "strategy": "group", "group_size": 32},
+    "W4A16-G64": {"num_bits": 4, "strategy": "group", "group_size": 64},
+    "W4A16-CHANNEL": {"num_bits": 4, "strategy": "channel"},
+    "W8A16-CHANNEL": {"num_bits": 8, "strategy": "channel"},
 }
 
 
-def _w4a16_groups(scheme: str) -> dict[str, QuantizationScheme]:
-    weights = QuantizationArgs(
-        num_bits=4, type="int", symmetric=True, **W4A16_VARIANTS[scheme]
-    )
+def _config_groups(scheme: str) -> dict[str, QuantizationScheme]:
+    weights = QuantizationArgs(type="int", symmetric=True, **VARIANTS[scheme])
     return {"group_0": QuantizationScheme(targets=["Linear"], weights=weights)}
 
 
@@ -81,9 +85,9 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(base)
 
-    # the preset by name, or a W4A16 variant's config groups
-    if args.scheme in W4A16_VARIANTS:
-        scheme = {"config_groups": _w4a16_groups(args.scheme)}
+    # the preset by name, or a variant's config groups
+    if args.scheme in VARIANTS:
+        scheme = {"config_groups": _config_groups(args.scheme)}
     else:
         scheme = {"targets": "Linear", "scheme": args.scheme.removesuffix("-GPTQ")}
     kwargs: dict[str, object] = {}

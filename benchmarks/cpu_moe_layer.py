@@ -47,28 +47,39 @@ cap_onednn_isa()
 import torch  # noqa: E402
 
 
-def _routing(tokens: int, experts: int, topk: int):
+def _routing(tokens: int, hidden: int, experts: int, topk: int):
+    x = torch.randn(tokens, hidden, dtype=torch.bfloat16)
     while True:
         logits = torch.randn(tokens, experts)
         weights, ids = torch.topk(torch.softmax(logits, -1), topk)
-        yield weights.contiguous(), ids.to(torch.int32).contiguous()
+        yield x, weights.contiguous(), ids.to(torch.int32).contiguous()
 
 
-def _other_experts(experts: int, topk: int):
-    """rewarm for median_seconds: every token routed to the same topk experts
-    that the given routing does not use, or None when fewer are left."""
+def _other_experts(experts: int):
+    """rewarm for median_seconds: the call's first tokens, as many as use no
+    more experts than the call leaves unused, with each expert they use
+    replaced by its own unused one (so every expert gets the rows it gets in
+    the call, and the op takes the same paths on other weights); None when
+    not even the first token fits."""
 
-    def rewarm(weights, ids):
-        unused = torch.ones(experts, dtype=torch.bool)
-        unused[ids.flatten().long()] = False
-        left = unused.nonzero().flatten()
-        if left.numel() < topk:
+    def rewarm(x, weights, ids):
+        used = torch.zeros(experts, dtype=torch.bool)
+        used[ids.flatten().long()] = True
+        left = (~used).nonzero().flatten()
+        tokens = 0
+        seen = torch.zeros(experts, dtype=torch.bool)
+        for row in ids.long():
+            seen[row] = True
+            if int(seen.sum()) > left.numel():
+                break
+            tokens += 1
+        if tokens == 0:
             return None
-        pick = left[torch.randperm(left.numel())[:topk]].to(torch.int32)
-        return (
-            torch.full_like(weights, 1.0 / topk),
-            pick.expand_as(ids).contiguous(),
-        )
+        first = ids[:tokens].long()
+        mine = first.flatten().unique()
+        to = torch.full((experts,), -1, dtype=torch.int32)
+        to[mine] = left[torch.randperm(left.numel())[: mine.numel()]].to(torch.int32)
+        return x[:tokens], weights[:tokens], to[first].contiguous()
 
     return rewarm
 
@@ -108,14 +119,11 @@ def main() -> None:
     packed13 = ops.cpu_prepack_moe_weight(w13, "vec")
     packed2 = ops.cpu_prepack_moe_weight(w2, "vec")
 
-    def bf16(x):
-        def run(weights, ids):
-            out = torch.empty_like(x)
-            ops.cpu_fused_moe(
-                out, x, packed13, packed2, None, None, weights, ids, "silu", "vec"
-            )
-
-        return run
+    def bf16(x, weights, ids):
+        out = torch.empty_like(x)
+        ops.cpu_fused_moe(
+            out, x, packed13, packed2, None, None, weights, ids, "silu", "vec"
+        )
 
     kernels["bf16"] = bf16
 
@@ -130,14 +138,11 @@ def main() -> None:
         i13 = ops.cpu_prepack_moe_weight_int8(q13, "vec")
         i2 = ops.cpu_prepack_moe_weight_int8(q2, "vec")
 
-        def int8(x):
-            def run(weights, ids):
-                out = torch.empty_like(x)
-                ops.cpu_fused_moe_int8(
-                    out, x, i13, i2, s13, s2, None, None, weights, ids, "silu", "vec"
-                )
-
-            return run
+        def int8(x, weights, ids):
+            out = torch.empty_like(x)
+            ops.cpu_fused_moe_int8(
+                out, x, i13, i2, s13, s2, None, None, weights, ids, "silu", "vec"
+            )
 
         kernels["int8-w8a8"] = int8
     if hasattr(torch.ops._C, "cpu_fused_moe_wq"):
@@ -169,17 +174,14 @@ def main() -> None:
             w13q, w2q, weight_type, block = wq[name]
             s13q, s2q = scales(name, 2 * N, H), scales(name, H, N)
 
-            def make(x):
-                def run(weights, ids):
-                    out = torch.empty_like(x)
-                    ops.cpu_fused_moe_wq(
-                        out, x, w13q, w2q, s13q, s2q, None, None, None, None,
-                        weights, ids, "silu", weight_type, block,
-                    )
+            def run(x, weights, ids):
+                out = torch.empty_like(x)
+                ops.cpu_fused_moe_wq(
+                    out, x, w13q, w2q, s13q, s2q, None, None, None, None,
+                    weights, ids, "silu", weight_type, block,
+                )
 
-                return run
-
-            return make
+            return run
 
         for name in wq:
             kernels[name] = weight_only(name)
@@ -198,16 +200,13 @@ def main() -> None:
             v2, torch.rand(E, H, N // 128), None, torch.bfloat16
         )
 
-        def int4_dequant(x):
-            def run(weights, ids):
-                out = torch.empty_like(x)
-                torch.ops.vllm.cpu_dequant_moe(
-                    out, x, p13, p2, weights, ids, None, ps13, ps2, None, None,
-                    None, None, "CPUDequantExpertsWNA16", "silu", -1, -1, False,
-                    False, None,
-                )
-
-            return run
+        def int4_dequant(x, weights, ids):
+            out = torch.empty_like(x)
+            torch.ops.vllm.cpu_dequant_moe(
+                out, x, p13, p2, weights, ids, None, ps13, ps2, None, None,
+                None, None, "CPUDequantExpertsWNA16", "silu", -1, -1, False,
+                False, None,
+            )
 
         kernels["int4-g128-dequant"] = int4_dequant
 
@@ -225,13 +224,12 @@ def main() -> None:
     names = list(kernels)
     print_table_head(names)
     for tokens in args.tokens:
-        x = torch.randn(tokens, H, dtype=torch.bfloat16)
         times = median_seconds(
-            {n: kernels[n](x) for n in names},
-            _routing(tokens, E, args.topk),
+            {n: kernels[n] for n in names},
+            _routing(tokens, H, E, args.topk),
             args.seconds,
             evict,
-            None if args.cold_code else _other_experts(E, args.topk),
+            None if args.cold_code else _other_experts(E),
         )
         print_table_row(tokens, times)
 

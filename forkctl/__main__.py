@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", choices=build.TARGETS, default="cpu")
     verbs.add_parser("status", help="a table of the series")
     p = verbs.add_parser("test", help="run the series' tests inside the tree")
+    p.add_argument(
+        "--each",
+        action="store_true",
+        help="each patch's own tests at its own commit of the tree",
+    )
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     verbs.add_parser("version", help="print the version string the build installs")
     p = verbs.add_parser(
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.verb == "status":
             print(status.render(fork))
         elif args.verb == "test":
+            if args.each:
+                return testing.run_each(fork, args.pytest_args)
             return testing.run_tests(fork, args.pytest_args)
         elif args.verb == "version":
             print(build.fork_version(fork, "cpu"))

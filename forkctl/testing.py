@@ -5,13 +5,16 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
 from . import patchfile, series
+from . import tree as tree_module
 from .config import Fork
 from .errors import ForkError
+from .git import git, out
 
 
 PLUGIN_DIR = Path(__file__).parent / "pytest_plugins"
@@ -87,11 +90,20 @@ def run_tests(fork: Fork, extra: list[str]) -> int:
     tests = series_tests(fork)
     if not tests:
         raise ForkError("the series adds no tests under tests/: nothing to run")
+    code = _pytest(fork, tests, extra, fork.tree_dir, [])
+    if code == 5:
+        raise ForkError("pytest collected no tests from the series' test files")
+    return code
+
+
+def _pytest(
+    fork: Fork, tests: list[str], extra: list[str], cwd: Path, pythonpath: list[str]
+) -> int:
     python = fork.venv_dir / "bin" / "python"
     if not python.exists():
         raise ForkError(f"no venv at {fork.venv_dir}: run `forkctl build` first")
-    # Modules the base has run only the series' tests, selected by the plugin
-    # (see pytest_plugins/forkctl_select.py) rather than by node ids.
+    # Modules named by node ids run only those tests, selected by the plugin
+    # (see pytest_plugins/forkctl_select.py) rather than given as node ids.
     node_ids = [test for test in tests if "::" in test]
     modules = list(dict.fromkeys(test.split("::", 1)[0] for test in tests))
     env = {
@@ -99,7 +111,8 @@ def run_tests(fork: Fork, extra: list[str]) -> int:
         **cache_env(fork),
         "FORKCTL_TESTS": "\n".join(node_ids),
         "PYTHONPATH": os.pathsep.join(
-            [str(PLUGIN_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+            [*pythonpath, str(PLUGIN_DIR)]
+            + list(filter(None, [os.environ.get("PYTHONPATH")]))
         ),
     }
     cmd = [
@@ -107,11 +120,131 @@ def run_tests(fork: Fork, extra: list[str]) -> int:
         "-p", "forkctl_select", *modules, *extra,
     ]  # fmt: skip
     print(
-        f"+ FORKCTL_TESTS=<{len(node_ids)} tests of the base's modules> "
-        + " ".join(cmd),
+        f"+ FORKCTL_TESTS=<{len(node_ids)} tests named> " + " ".join(cmd),
         file=sys.stderr,
     )
-    code = subprocess.run(cmd, cwd=fork.tree_dir, env=env).returncode
-    if code == 5:
-        raise ForkError("pytest collected no tests from the series' test files")
-    return code
+    return subprocess.run(cmd, cwd=cwd, env=env).returncode
+
+
+HUNK_NEW_LINES = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.M)
+
+
+def run_each(fork: Fork, extra: list[str]) -> int:
+    """Each patch's own tests at the tree's commit of that patch, so that a
+    patch's tests pass without the patches after it: the test functions of
+    tests/ whose lines (decorators included) the commit adds or changes. It
+    runs in a worktree of the tree under build/, with the tree's compiled
+    libraries and build outputs linked in (the series head's: a patch's C++
+    is tested as the head builds it)."""
+    names = series.read(fork.series_file)
+    tree = fork.tree_dir
+    stamp = tree / ".git" / tree_module.SERIES_STAMP
+    if not stamp.exists() or stamp.read_text() != tree_module.series_digest(fork):
+        raise ForkError("the tree is not synced with patches/: run `forkctl sync`")
+    commits = out(tree, "rev-list", "--reverse", f"{tree_module.BASE_TAG}..HEAD")
+    commits_list = commits.split()
+    if len(commits_list) != len(names):
+        raise ForkError(
+            f"the tree has {len(commits_list)} commits over the base and "
+            f"patches/series lists {len(names)} patches: export or sync first"
+        )
+    work = fork.root / "build" / "each-patch"
+    git(tree, "worktree", "remove", "--force", str(work), check=False)
+    shutil.rmtree(work, ignore_errors=True)
+    git(tree, "worktree", "prune")
+    git(tree, "worktree", "add", "--quiet", "--detach", str(work), commits_list[0])
+    failed: list[str] = []
+    not_run: list[str] = []
+    try:
+        _link_build_outputs(fork, tree, work)
+        for name, commit in zip(names, commits_list):
+            git(work, "checkout", "--quiet", "--detach", commit)
+            tests = [
+                test
+                for path in _touched_test_modules(work, commit)
+                for test in _changed_tests(work, commit, path)
+            ]
+            if not tests:
+                continue
+            print(f"== {name}: {len(tests)} tests at {commit[:12]}", file=sys.stderr)
+            code = _pytest(fork, tests, extra, work, [str(work)])
+            if code == 5:
+                # nothing collected: a module that skips itself at import
+                # (e.g. without AMX), or -k deselected them all
+                not_run.append(name)
+            elif code != 0:
+                failed.append(f"{name} (pytest exit status {code})")
+    finally:
+        git(tree, "worktree", "remove", "--force", str(work), check=False)
+    if not_run:
+        print(
+            "patches none of whose tests ran here:\n  " + "\n  ".join(not_run),
+            file=sys.stderr,
+        )
+    if failed:
+        print(
+            "patches whose tests do not pass at their own commit:\n  "
+            + "\n  ".join(failed),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _touched_test_modules(work: Path, commit: str) -> list[str]:
+    """The test modules under tests/ that ``commit`` adds or modifies."""
+    paths = out(
+        work, "diff", "--name-only", "--diff-filter=AM", f"{commit}~1", commit,
+        "--", "tests/",
+    ).splitlines()  # fmt: skip
+    return [
+        path
+        for path in paths
+        if PurePosixPath(path).name.startswith("test_") and path.endswith(".py")
+    ]
+
+
+def _changed_tests(work: Path, commit: str, path: str) -> list[str]:
+    """Node ids of the test functions and test methods of ``path`` (as of
+    ``commit``, checked out in ``work``) with lines that commit adds or
+    changes."""
+    diff = out(work, "diff", "-U0", f"{commit}~1", commit, "--", path)
+    changed: set[int] = set()
+    for match in HUNK_NEW_LINES.finditer(diff):
+        start, count = int(match.group(1)), int(match.group(2) or 1)
+        changed.update(range(start, start + count))
+
+    def touched(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        return any(
+            first <= line <= (node.end_lineno or node.lineno) for line in changed
+        )
+
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    ids = []
+    for node in ast.parse((work / path).read_text(encoding="utf-8")).body:
+        if isinstance(node, functions) and node.name.startswith("test"):
+            if touched(node):
+                ids.append(f"{path}::{node.name}")
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            ids += [
+                f"{path}::{node.name}::{item.name}"
+                for item in node.body
+                if isinstance(item, functions)
+                and item.name.startswith("test")
+                and touched(item)
+            ]
+    return ids
+
+
+def _link_build_outputs(fork: Fork, tree: Path, work: Path) -> None:
+    """Link the tree's compiled libraries (the *.so files git ignores) and the
+    files the build writes into the worktree."""
+    ignored = out(
+        tree, "ls-files", "--others", "--ignored", "--exclude-standard"
+    ).splitlines()
+    for path in [p for p in ignored if p.endswith(".so")] + list(fork.build_outputs):
+        source, target = tree / path, work / path
+        if source.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(source)

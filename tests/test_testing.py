@@ -149,3 +149,117 @@ def test_run_tests_gives_pytest_the_modules_and_the_plugin_the_node_ids(
         str(testing.PLUGIN_DIR),
         "/elsewhere",
     ]
+
+
+def _venv_with_pytest(fork) -> None:
+    """FORK_VENV's python runs this interpreter (which has pytest)."""
+    python = fork.venv / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+
+
+def test_each_runs_a_patchs_tests_at_its_own_commit(fork):
+    """A test that passes only with a later patch fails --each (and not the
+    run at the series' head); the worktree is gone afterwards."""
+    _venv_with_pytest(fork)
+    fork.ok("sync")
+    fork.write("demo/feature.py", "VALUE = 1\n")
+    fork.write(
+        "tests/test_feature.py",
+        "from demo.feature import VALUE\n\n\n"
+        "def test_feature():\n    assert VALUE == 2\n",
+    )
+    fork.commit("[Core] A feature whose test needs the next patch")
+    fork.write("demo/feature.py", "VALUE = 2\n")
+    fork.write("tests/test_later.py", "def test_later():\n    assert True\n")
+    fork.commit("[Core] The fix the first patch's test relies on")
+    fork.ok("export")
+
+    loaded = config.load(fork.root)
+    assert testing.run_tests(loaded, []) == 0
+    result = fork.run("test", "--each")
+    assert result.rc == 1
+    first, second = fork.series()
+    assert f"{first} (pytest exit status 1)" in result.err
+    assert second not in result.err.split("at their own commit:", 1)[1]
+    assert not (fork.root / "build" / "each-patch").exists()
+
+
+def test_each_passes_when_every_patch_passes_alone(fork):
+    _venv_with_pytest(fork)
+    _series(fork)
+    result = fork.run("test", "--each")
+    assert result.rc == 0, result.text
+    # one pytest run per patch, each naming only that patch's tests
+    assert result.err.count("== ") == 2
+    assert "<3 tests named>" in result.err and "<1 tests named>" in result.err
+
+
+def test_changed_tests_are_the_tests_whose_lines_a_commit_touches(tmp_path):
+    from forkctl.git import git
+
+    before = """\
+import pytest
+
+
+def helper():
+    return 1
+
+
+@pytest.mark.parametrize("x", [1])
+def test_param(x):
+    assert x
+
+
+def test_same():
+    assert True
+
+
+def test_removed():
+    assert True
+
+
+class TestGroup:
+    def test_old(self):
+        assert True
+"""
+    after = (
+        before.replace("[1])\ndef test_param", "[1, 2])\ndef test_param")
+        .replace("    return 1\n", "    return 2\n")
+        .replace("def test_removed():\n    assert True\n\n\n", "")
+        + "\n    def test_new(self):\n        assert True\n"
+    )
+    git(tmp_path, "init", "-q")
+    (tmp_path / "tests").mkdir()
+    test_file = tmp_path / "tests" / "test_x.py"
+    test_file.write_text(before)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    test_file.write_text(after)
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "b")
+    commit = testing.out(tmp_path, "rev-parse", "HEAD")
+    # the decorator's change and the new method; not the helper's callers,
+    # not the unchanged test, not the removed one
+    assert testing._changed_tests(tmp_path, commit, "tests/test_x.py") == [
+        "tests/test_x.py::test_param",
+        "tests/test_x.py::TestGroup::test_new",
+    ]
+
+
+def test_each_lists_a_patch_whose_tests_skip_themselves_here(fork):
+    """A module that skips itself at import (e.g. without AMX) runs nothing:
+    named, not a failure."""
+    _venv_with_pytest(fork)
+    fork.ok("sync")
+    fork.write(
+        "tests/test_amx.py",
+        "import pytest\n\npytest.skip('needs AMX', allow_module_level=True)\n\n\n"
+        "def test_amx():\n    assert False\n",
+    )
+    fork.commit("[Core] A change whose test needs AMX")
+    fork.ok("export")
+    result = fork.run("test", "--each")
+    assert result.rc == 0, result.text
+    [name] = fork.series()
+    assert f"patches none of whose tests ran here:\n  {name}" in result.err

@@ -58,9 +58,9 @@ def _routing(tokens: int, hidden: int, experts: int, topk: int):
 def _other_experts(experts: int):
     """rewarm for median_seconds: the call's first tokens, as many as use no
     more experts than the call leaves unused, with each expert they use
-    replaced by its own unused one (so every expert gets the rows it gets in
-    the call, and the op takes the same paths on other weights); None when
-    not even the first token fits."""
+    replaced by its own unused one (so each gets the rows those tokens give it
+    in the call, and the op takes the call's paths on other weights); None
+    when not even the first token fits."""
 
     def rewarm(x, weights, ids):
         used = torch.zeros(experts, dtype=torch.bool)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path, PurePosixPath
+from xml.etree import ElementTree
 
 from . import patchfile, series
 from . import tree as tree_module
@@ -141,6 +142,8 @@ def run_each(fork: Fork, extra: list[str]) -> int:
     stamp = tree / ".git" / tree_module.SERIES_STAMP
     if not stamp.exists() or stamp.read_text() != tree_module.series_digest(fork):
         raise ForkError("the tree is not synced with patches/: run `forkctl sync`")
+    if reason := tree_module._has_local_work(tree):
+        raise ForkError(f"{reason}; its commits would be tested as the patches")
     commits = out(tree, "rev-list", "--reverse", f"{tree_module.BASE_TAG}..HEAD")
     commits_list = commits.split()
     if len(commits_list) != len(names):
@@ -155,6 +158,7 @@ def run_each(fork: Fork, extra: list[str]) -> int:
     git(tree, "worktree", "add", "--quiet", "--detach", str(work), commits_list[0])
     failed: list[str] = []
     not_run: list[str] = []
+    untested: list[str] = []
     try:
         _link_build_outputs(fork, tree, work)
         for name, commit in zip(names, commits_list):
@@ -165,22 +169,30 @@ def run_each(fork: Fork, extra: list[str]) -> int:
                 for test in _changed_tests(work, commit, path)
             ]
             if not tests:
+                if _touched_test_modules(work, commit):
+                    untested.append(name)
                 continue
             print(f"== {name}: {len(tests)} tests at {commit[:12]}", file=sys.stderr)
-            code = _pytest(fork, tests, extra, work, [str(work)])
-            if code == 5:
-                # nothing collected: a module that skips itself at import
-                # (e.g. without AMX), or -k deselected them all
+            report = work / ".forkctl-each.xml"
+            report.unlink(missing_ok=True)
+            code = _pytest(
+                fork, tests, [*extra, f"--junitxml={report}"], work, [str(work)]
+            )
+            if code == 5 and _skipped(report):
+                # a module that skips itself at import (e.g. without AMX)
                 not_run.append(name)
+            elif code == 5:
+                failed.append(f"{name} (pytest collected none of its tests)")
             elif code != 0:
                 failed.append(f"{name} (pytest exit status {code})")
     finally:
         git(tree, "worktree", "remove", "--force", str(work), check=False)
-    if not_run:
-        print(
-            "patches none of whose tests ran here:\n  " + "\n  ".join(not_run),
-            file=sys.stderr,
-        )
+    for what, patches in (
+        ("whose test changes touch no test function", untested),
+        ("none of whose tests ran here (skipped at import)", not_run),
+    ):
+        if patches:
+            print(f"patches {what}:\n  " + "\n  ".join(patches), file=sys.stderr)
     if failed:
         print(
             "patches whose tests do not pass at their own commit:\n  "
@@ -191,11 +203,21 @@ def run_each(fork: Fork, extra: list[str]) -> int:
     return 0
 
 
+def _skipped(report: Path) -> bool:
+    """Whether pytest's JUnit report counts a skip (as a module that skips
+    itself at import gives, where no test is collected)."""
+    if not report.exists():
+        return False
+    suites = ElementTree.parse(report).getroot().iter("testsuite")
+    return any(int(suite.get("skipped", "0")) > 0 for suite in suites)
+
+
 def _touched_test_modules(work: Path, commit: str) -> list[str]:
-    """The test modules under tests/ that ``commit`` adds or modifies."""
+    """The test modules under tests/ that ``commit`` adds or modifies (a
+    renamed one as added)."""
     paths = out(
-        work, "diff", "--name-only", "--diff-filter=AM", f"{commit}~1", commit,
-        "--", "tests/",
+        work, "diff", "--name-only", "--no-renames", "--diff-filter=AM",
+        f"{commit}~1", commit, "--", "tests/",
     ).splitlines()  # fmt: skip
     return [
         path
@@ -207,12 +229,13 @@ def _touched_test_modules(work: Path, commit: str) -> list[str]:
 def _changed_tests(work: Path, commit: str, path: str) -> list[str]:
     """Node ids of the test functions and test methods of ``path`` (as of
     ``commit``, checked out in ``work``) with lines that commit adds or
-    changes."""
-    diff = out(work, "diff", "-U0", f"{commit}~1", commit, "--", path)
+    changes, or around lines it removes."""
+    diff = out(work, "diff", "--no-renames", "-U0", f"{commit}~1", commit, "--", path)
     changed: set[int] = set()
     for match in HUNK_NEW_LINES.finditer(diff):
         start, count = int(match.group(1)), int(match.group(2) or 1)
-        changed.update(range(start, start + count))
+        # a removal (count 0) falls between lines start and start + 1
+        changed.update(range(start, start + (count or 2)))
 
     def touched(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])

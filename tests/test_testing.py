@@ -191,6 +191,7 @@ def test_each_passes_when_every_patch_passes_alone(fork):
     _series(fork)
     result = fork.run("test", "--each")
     assert result.rc == 0, result.text
+    assert "none of whose tests ran" not in result.err
     # one pytest run per patch, each naming only that patch's tests
     assert result.err.count("== ") == 2
     assert "<3 tests named>" in result.err and "<1 tests named>" in result.err
@@ -216,6 +217,11 @@ def test_same():
     assert True
 
 
+def test_shortened():
+    x = 1
+    assert x
+
+
 def test_removed():
     assert True
 
@@ -228,6 +234,7 @@ class TestGroup:
         before.replace("[1])\ndef test_param", "[1, 2])\ndef test_param")
         .replace("    return 1\n", "    return 2\n")
         .replace("def test_removed():\n    assert True\n\n\n", "")
+        .replace("    x = 1\n    assert x\n", "    assert x\n")
         + "\n    def test_new(self):\n        assert True\n"
     )
     git(tmp_path, "init", "-q")
@@ -239,10 +246,11 @@ class TestGroup:
     test_file.write_text(after)
     git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "b")
     commit = testing.out(tmp_path, "rev-parse", "HEAD")
-    # the decorator's change and the new method; not the helper's callers,
-    # not the unchanged test, not the removed one
+    # the decorator's change, the test that lost a line and the new method;
+    # not the helper's callers, not the unchanged test, not the removed one
     assert testing._changed_tests(tmp_path, commit, "tests/test_x.py") == [
         "tests/test_x.py::test_param",
+        "tests/test_x.py::test_shortened",
         "tests/test_x.py::TestGroup::test_new",
     ]
 
@@ -262,4 +270,23 @@ def test_each_lists_a_patch_whose_tests_skip_themselves_here(fork):
     result = fork.run("test", "--each")
     assert result.rc == 0, result.text
     [name] = fork.series()
-    assert f"patches none of whose tests ran here:\n  {name}" in result.err
+    assert f"none of whose tests ran here (skipped at import):\n  {name}" in result.err
+
+
+def test_each_fails_a_patch_none_of_whose_tests_is_collected(fork):
+    _venv_with_pytest(fork)
+    _series(fork)
+    result = fork.run("test", "--each", "--", "-k", "no_such_test")
+    assert result.rc == 1
+    first, second = fork.series()
+    assert f"{first} (pytest collected none of its tests)" in result.err
+    assert f"{second} (pytest collected none of its tests)" in result.err
+
+
+def test_each_refuses_a_tree_with_unexported_commits(fork):
+    _venv_with_pytest(fork)
+    _series(fork)
+    fork.write("tests/test_fork.py", "def test_new_file():\n    assert 2\n")
+    fork.commit("[Core] Not exported yet")
+    result = fork.run("test", "--each")
+    assert result.rc == 1 and "not exported" in result.err

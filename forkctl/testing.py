@@ -11,7 +11,7 @@ import sys
 from pathlib import Path, PurePosixPath
 from xml.etree import ElementTree
 
-from . import patchfile, series
+from . import series
 from . import tree as tree_module
 from .config import Fork
 from .errors import ForkError
@@ -20,61 +20,30 @@ from .git import git, out
 
 PLUGIN_DIR = Path(__file__).parent / "pytest_plugins"
 
-ADDED_TEST = re.compile(r"^\+[ \t]*(?:async[ \t]+)?def[ \t]+(test\w*)[ \t]*\(", re.M)
-
 
 def series_tests(fork: Fork) -> list[str]:
-    """Test modules under the tree's tests/ that any patch adds or modifies;
-    with [test] scope = "added", in modules the base already has, the node ids
-    of the tests the series adds instead."""
-    found: dict[str, None] = {}
-    created: set[str] = set()
-    added: dict[str, set[str]] = {}
-    for name in series.read(fork.series_file):
-        text = (fork.patches_dir / name).read_text(encoding="utf-8")
-        for diff, chunk in zip(
-            patchfile.parse(fork.patches_dir / name).files, _file_chunks(text)
-        ):
-            path = diff.new_path
-            if path is None or not path.startswith("tests/"):
-                continue
-            if PurePosixPath(path).name.startswith("test_") and path.endswith(".py"):
-                found[path] = None
-                if diff.old_path is None:
-                    created.add(path)
-                added.setdefault(path, set()).update(ADDED_TEST.findall(chunk))
+    """Test modules under the tree's tests/ that the series (the tree's
+    commits over the base) adds or modifies; with [test] scope = "added", in
+    modules the base already has, the test functions whose lines the series
+    adds or changes instead: the rule by which `--each` picks a patch's."""
+    tree = _synced_tree(fork)
+    base = tree_module.BASE_TAG
+    created = set(_touched_test_modules(tree, base, "HEAD", added_only=True))
     selected = []
-    for path in found:
-        file = fork.tree_dir / path
-        if not file.is_file():
-            continue
+    for path in _touched_test_modules(tree, base, "HEAD"):
         if fork.test_scope == "added" and path not in created:
-            selected += _node_ids(path, file, added.get(path, set()))
+            selected += _changed_tests(tree, base, "HEAD", path)
         else:
             selected.append(path)
     return selected
 
 
-def _file_chunks(text: str) -> list[str]:
-    """The patch's diff, one chunk per file, in the order of its files."""
-    return text.split("\ndiff --git ")[1:]
-
-
-def _node_ids(path: str, file: Path, names: set[str]) -> list[str]:
-    """pytest node ids of the named test functions (or methods) in the file."""
-    ids = []
-    for node in ast.parse(file.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if node.name in names:
-                ids.append(f"{path}::{node.name}")
-        elif isinstance(node, ast.ClassDef):
-            ids += [
-                f"{path}::{node.name}::{item.name}"
-                for item in node.body
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and item.name in names
-            ]
-    return ids
+def _synced_tree(fork: Fork) -> Path:
+    tree = fork.tree_dir
+    stamp = tree / ".git" / tree_module.SERIES_STAMP
+    if not stamp.exists() or stamp.read_text() != tree_module.series_digest(fork):
+        raise ForkError("the tree is not synced with patches/: run `forkctl sync`")
+    return tree
 
 
 def cache_env(fork: Fork) -> dict[str, str]:
@@ -138,11 +107,8 @@ def run_each(fork: Fork, extra: list[str]) -> int:
     libraries and build outputs linked in (the series head's: a patch's C++
     is tested as the head builds it)."""
     names = series.read(fork.series_file)
-    tree = fork.tree_dir
-    stamp = tree / ".git" / tree_module.SERIES_STAMP
-    if not stamp.exists() or stamp.read_text() != tree_module.series_digest(fork):
-        raise ForkError("the tree is not synced with patches/: run `forkctl sync`")
-    if reason := tree_module._has_local_work(tree):
+    tree = _synced_tree(fork)
+    if reason := tree_module.local_work(tree):
         raise ForkError(f"{reason}; its commits would be tested as the patches")
     commits = out(tree, "rev-list", "--reverse", f"{tree_module.BASE_TAG}..HEAD")
     commits_list = commits.split()
@@ -163,13 +129,14 @@ def run_each(fork: Fork, extra: list[str]) -> int:
         _link_build_outputs(fork, tree, work)
         for name, commit in zip(names, commits_list):
             git(work, "checkout", "--quiet", "--detach", commit)
+            modules = _touched_test_modules(work, f"{commit}~1", commit)
             tests = [
                 test
-                for path in _touched_test_modules(work, commit)
-                for test in _changed_tests(work, commit, path)
+                for path in modules
+                for test in _changed_tests(work, f"{commit}~1", commit, path)
             ]
             if not tests:
-                if _touched_test_modules(work, commit):
+                if modules:
                     untested.append(name)
                 continue
             print(f"== {name}: {len(tests)} tests at {commit[:12]}", file=sys.stderr)
@@ -212,12 +179,14 @@ def _skipped(report: Path) -> bool:
     return any(int(suite.get("skipped", "0")) > 0 for suite in suites)
 
 
-def _touched_test_modules(work: Path, commit: str) -> list[str]:
-    """The test modules under tests/ that ``commit`` adds or modifies (a
-    renamed one as added)."""
+def _touched_test_modules(
+    repo: Path, old: str, new: str, added_only: bool = False
+) -> list[str]:
+    """The test modules under tests/ that revision ``new`` adds or modifies
+    against ``old`` (a renamed one as added), or only adds."""
     paths = out(
-        work, "diff", "--name-only", "--no-renames", "--diff-filter=AM",
-        f"{commit}~1", commit, "--", "tests/",
+        repo, "diff", "--name-only", "--no-renames",
+        "--diff-filter=" + ("A" if added_only else "AM"), old, new, "--", "tests/",
     ).splitlines()  # fmt: skip
     return [
         path
@@ -226,11 +195,12 @@ def _touched_test_modules(work: Path, commit: str) -> list[str]:
     ]
 
 
-def _changed_tests(work: Path, commit: str, path: str) -> list[str]:
+def _changed_tests(repo: Path, old: str, new: str, path: str) -> list[str]:
     """Node ids of the test functions and test methods of ``path`` (as of
-    ``commit``, checked out in ``work``) with lines that commit adds or
-    changes, or around lines it removes."""
-    diff = out(work, "diff", "--no-renames", "-U0", f"{commit}~1", commit, "--", path)
+    revision ``new``) with lines that ``new`` adds or changes against
+    ``old``, or around lines it removes (decorators count as the
+    function's)."""
+    diff = out(repo, "diff", "--no-renames", "-U0", old, new, "--", path)
     changed: set[int] = set()
     for match in HUNK_NEW_LINES.finditer(diff):
         start, count = int(match.group(1)), int(match.group(2) or 1)
@@ -245,7 +215,8 @@ def _changed_tests(work: Path, commit: str, path: str) -> list[str]:
 
     functions = (ast.FunctionDef, ast.AsyncFunctionDef)
     ids = []
-    for node in ast.parse((work / path).read_text(encoding="utf-8")).body:
+    source = git(repo, "show", f"{new}:{path}").stdout
+    for node in ast.parse(source).body:
         if isinstance(node, functions) and node.name.startswith("test"):
             if touched(node):
                 ids.append(f"{path}::{node.name}")

@@ -38,7 +38,7 @@ def ensure_current(fork: Fork) -> Path:
     stamp = tree / ".git" / SERIES_STAMP
     if stamp.exists() and stamp.read_text() == series_digest(fork):
         return tree
-    if tree.exists() and (reason := _has_local_work(tree)):
+    if tree.exists() and (reason := local_work(tree)):
         raise ForkError(
             f"the tree is older than patches/, but {reason}; "
             "export it, or `forkctl sync --force` to discard it"
@@ -64,7 +64,7 @@ def unpack_sdist(sdist: Path, dest: Path) -> None:
         shutil.rmtree(egg_info)
 
 
-def _has_local_work(tree: Path) -> str | None:
+def local_work(tree: Path) -> str | None:
     if not (tree / ".git").is_dir():
         return f"{tree} exists but is not a tree made by forkctl"
     dirty = git(tree, "status", "--porcelain").stdout.strip()
@@ -131,7 +131,7 @@ def commit_base(tree: Path, fork: Fork, message: str) -> None:
 def sync(fork: Fork, force: bool = False) -> Path:
     tree = fork.tree_dir
     if tree.exists():
-        reason = _has_local_work(tree)
+        reason = local_work(tree)
         if reason and not force:
             raise ForkError(
                 f"refusing to replace the tree: {reason}\n(--force discards it)"

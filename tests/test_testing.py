@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import BASE_FILES
 
 from forkctl import config, testing
+from forkctl.errors import ForkError
 
 BASE_TEST = """\
 def test_upstream_one():
@@ -53,6 +55,26 @@ def test_added_scope_runs_only_the_added_tests_of_upstream_files(fork):
         "tests/test_base.py::TestUpstream::test_fork_method",
         "tests/test_fork.py",
     ]
+
+
+def test_added_scope_runs_the_upstream_tests_the_series_changes(fork):
+    """The head run picks tests by the rule of `--each`: an upstream test
+    whose body or decorator a patch changes runs, not only added ones."""
+    fork.pin({**BASE_FILES, "tests/test_base.py": BASE_TEST})
+    fork.ok("sync")
+    fork.replace(
+        "tests/test_base.py", "one():\n    assert True", "one():\n    assert 1"
+    )
+    fork.commit("[Core] A change to an upstream test")
+    fork.ok("export")
+    toml = fork.root / "fork.toml"
+    toml.write_text(toml.read_text() + '\n[test]\nscope = "added"\n')
+    loaded = config.load(fork.root)
+    assert testing.series_tests(loaded) == ["tests/test_base.py::test_upstream_one"]
+    # patches/ changed since the tree was made: refused, not run stale
+    (fork.root / "patches" / "series").write_text("")
+    with pytest.raises(ForkError, match="not synced"):
+        testing.series_tests(loaded)
 
 
 def test_an_unknown_scope_is_refused(fork):
@@ -131,8 +153,11 @@ def test_run_tests_gives_pytest_the_modules_and_the_plugin_the_node_ids(
     monkeypatch.delenv("FORK_VENV", raising=False)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     calls = []
+    real_run = subprocess.run
 
-    def run(cmd, cwd, env):
+    def run(cmd, cwd, env, **kwargs):
+        if cmd[0] == "git":  # picking the tests reads the tree's history
+            return real_run(cmd, cwd=cwd, env=env, **kwargs)
         calls.append((cmd, env))
         return subprocess.CompletedProcess(cmd, 0)
 
@@ -248,7 +273,8 @@ class TestGroup:
     commit = testing.out(tmp_path, "rev-parse", "HEAD")
     # the decorator's change, the test that lost a line and the new method;
     # not the helper's callers, not the unchanged test, not the removed one
-    assert testing._changed_tests(tmp_path, commit, "tests/test_x.py") == [
+    changed = testing._changed_tests(tmp_path, f"{commit}~1", commit, "tests/test_x.py")
+    assert changed == [
         "tests/test_x.py::test_param",
         "tests/test_x.py::test_shortened",
         "tests/test_x.py::TestGroup::test_new",

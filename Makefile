@@ -19,16 +19,20 @@ serve: build
 
 ## test: the tool's own tests and the e2e suite, the series check, the series'
 ## tests in the tree (the CPU ones again under every other x86 kernel library
-## this machine runs), then every other line's check (with the main venv's
-## hook tools: every line pins the same versions)
+## this machine runs, but upstream's int8 MoE grid, 288 cases and 3.5 minutes
+## a library, which the series' own int8 tests cover there), then every other
+## line's check (with the main venv's hook tools: every line pins the same
+## versions)
+UPSTREAM_INT8_GRID = tests/kernels/moe/test_cpu_fused_moe.py::test_cpu_fused_moe_int8[
 test: build
 	$(VENV_PY) -m pytest -q -p no:cacheprovider tests
 	$(PYTHON) -m forkctl check
 	$(PYTHON) -m forkctl test
 	@libraries=$$($(VENV_PY) tools/x86_libraries.py --others) || exit 1; \
 	for library in $$libraries; do \
-	  echo "+ VLLM_CPU_X86_KERNELS=$$library forkctl test -- -k cpu"; \
-	  VLLM_CPU_X86_KERNELS=$$library $(PYTHON) -m forkctl test -- -k cpu || exit 1; \
+	  echo "+ VLLM_CPU_X86_KERNELS=$$library forkctl test -- -k cpu --deselect '$(UPSTREAM_INT8_GRID)'"; \
+	  VLLM_CPU_X86_KERNELS=$$library $(PYTHON) -m forkctl test -- -k cpu \
+	    --deselect '$(UPSTREAM_INT8_GRID)' || exit 1; \
 	done
 	@for line in $(LINES); do \
 	  echo "+ forkctl --line $$line check"; \

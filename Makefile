@@ -19,10 +19,10 @@ serve: build
 
 ## test: the tool's own tests and the e2e suite, the series check, the series'
 ## tests in the tree (the CPU ones again under every other x86 kernel library
-## this machine runs, but upstream's int8 MoE grid, 288 cases and 3.5 minutes
-## a library, which the series' own int8 tests cover there), then every other
-## line's check (with the main venv's hook tools: every line pins the same
-## versions)
+## this machine runs, except upstream's int8 MoE grid: 288 cases, 3.5 minutes
+## under the default library, run there only; the series' own int8 tests, of
+## one shape, run under each), then every other line's check (with the main
+## venv's hook tools: every line pins the same versions)
 UPSTREAM_INT8_GRID = tests/kernels/moe/test_cpu_fused_moe.py::test_cpu_fused_moe_int8[
 test: build
 	$(VENV_PY) -m pytest -q -p no:cacheprovider tests

@@ -31,7 +31,8 @@ class Fork:
     ci_lock_pins: tuple[str, ...] = ()
     test_requirements: tuple[str, ...] = ()
     # `test` runs the whole of each test file the series changes ("files"), or,
-    # in files the base already has, only the tests the series adds ("added").
+    # in files the base already has, only the test functions whose lines the
+    # series adds or changes ("added").
     test_scope: str = "files"
     build_outputs: tuple[str, ...] = ()
     # sha256 of upstream sdists `rebase --onto` targets, by version.

@@ -20,25 +20,39 @@ from .git import git, out
 
 PLUGIN_DIR = Path(__file__).parent / "pytest_plugins"
 
+HUNK_NEW_LINES = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.M)
+
 
 def series_tests(fork: Fork) -> list[str]:
     """Test modules under the tree's tests/ that the series (the tree's
     commits over the base) adds or modifies; with [test] scope = "added", in
     modules the base already has, the test functions whose lines the series
     adds or changes instead: the rule by which `--each` picks a patch's."""
+    return series_selection(fork)[0]
+
+
+def series_selection(fork: Fork) -> tuple[list[str], list[str]]:
+    """series_tests(), and the upstream modules the series changes without
+    changing a test function (a helper, a fixture, a constant): none of their
+    tests is selected."""
     tree = _synced_tree(fork)
     base = tree_module.BASE_TAG
     created = set(_touched_test_modules(tree, base, "HEAD", added_only=True))
-    selected = []
+    selected: list[str] = []
+    untested: list[str] = []
     for path in _touched_test_modules(tree, base, "HEAD"):
         if fork.test_scope == "added" and path not in created:
-            selected += _changed_tests(tree, base, "HEAD", path)
+            tests = _changed_tests(tree, base, "HEAD", path)
+            selected += tests
+            if not tests:
+                untested.append(path)
         else:
             selected.append(path)
-    return selected
+    return selected, untested
 
 
 def _synced_tree(fork: Fork) -> Path:
+    """The tree, if it was made from (or exported to) patches/ as they are."""
     tree = fork.tree_dir
     stamp = tree / ".git" / tree_module.SERIES_STAMP
     if not stamp.exists() or stamp.read_text() != tree_module.series_digest(fork):
@@ -57,9 +71,17 @@ def cache_env(fork: Fork) -> dict[str, str]:
 
 
 def run_tests(fork: Fork, extra: list[str]) -> int:
-    tests = series_tests(fork)
+    tests, untested = series_selection(fork)
+    if untested:
+        print(
+            "test modules the series changes outside any test function "
+            "(none of their tests runs):\n  " + "\n  ".join(untested),
+            file=sys.stderr,
+        )
     if not tests:
-        raise ForkError("the series adds no tests under tests/: nothing to run")
+        raise ForkError(
+            "the series adds or changes no tests under tests/: nothing to run"
+        )
     code = _pytest(fork, tests, extra, fork.tree_dir, [])
     if code == 5:
         raise ForkError("pytest collected no tests from the series' test files")
@@ -94,9 +116,6 @@ def _pytest(
         file=sys.stderr,
     )
     return subprocess.run(cmd, cwd=cwd, env=env).returncode
-
-
-HUNK_NEW_LINES = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.M)
 
 
 def run_each(fork: Fork, extra: list[str]) -> int:

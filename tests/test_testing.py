@@ -59,18 +59,28 @@ def test_added_scope_runs_only_the_added_tests_of_upstream_files(fork):
 
 def test_added_scope_runs_the_upstream_tests_the_series_changes(fork):
     """The head run picks tests by the rule of `--each`: an upstream test
-    whose body or decorator a patch changes runs, not only added ones."""
-    fork.pin({**BASE_FILES, "tests/test_base.py": BASE_TEST})
+    whose body or decorator a patch changes runs, not only added ones; a
+    module changed only outside its tests is named."""
+    helper = (
+        "def helper():\n    return 1\n\n\ndef test_helper():\n    assert helper()\n"
+    )
+    fork.pin(
+        {**BASE_FILES, "tests/test_base.py": BASE_TEST, "tests/test_help.py": helper}
+    )
     fork.ok("sync")
     fork.replace(
         "tests/test_base.py", "one():\n    assert True", "one():\n    assert 1"
     )
-    fork.commit("[Core] A change to an upstream test")
+    fork.replace("tests/test_help.py", "return 1", "return 2")
+    fork.commit("[Core] A change to an upstream test and a test helper")
     fork.ok("export")
     toml = fork.root / "fork.toml"
     toml.write_text(toml.read_text() + '\n[test]\nscope = "added"\n')
     loaded = config.load(fork.root)
-    assert testing.series_tests(loaded) == ["tests/test_base.py::test_upstream_one"]
+    assert testing.series_selection(loaded) == (
+        ["tests/test_base.py::test_upstream_one"],
+        ["tests/test_help.py"],
+    )
     # patches/ changed since the tree was made: refused, not run stale
     (fork.root / "patches" / "series").write_text("")
     with pytest.raises(ForkError, match="not synced"):

@@ -37,11 +37,10 @@ def series_selection(fork: Fork) -> tuple[list[str], list[str]]:
     tests is selected."""
     tree = _synced_tree(fork)
     base = tree_module.BASE_TAG
-    created = set(_touched_test_modules(tree, base, "HEAD", added_only=True))
     selected: list[str] = []
     untested: list[str] = []
-    for path in _touched_test_modules(tree, base, "HEAD"):
-        if fork.test_scope == "added" and path not in created:
+    for path, created in _touched_test_modules(tree, base, "HEAD"):
+        if fork.test_scope == "added" and not created:
             tests = _changed_tests(tree, base, "HEAD", path)
             selected += tests
             if not tests:
@@ -148,7 +147,7 @@ def run_each(fork: Fork, extra: list[str]) -> int:
         _link_build_outputs(fork, tree, work)
         for name, commit in zip(names, commits_list):
             git(work, "checkout", "--quiet", "--detach", commit)
-            modules = _touched_test_modules(work, f"{commit}~1", commit)
+            modules = [p for p, _ in _touched_test_modules(work, f"{commit}~1", commit)]
             tests = [
                 test
                 for path in modules
@@ -198,20 +197,19 @@ def _skipped(report: Path) -> bool:
     return any(int(suite.get("skipped", "0")) > 0 for suite in suites)
 
 
-def _touched_test_modules(
-    repo: Path, old: str, new: str, added_only: bool = False
-) -> list[str]:
+def _touched_test_modules(repo: Path, old: str, new: str) -> list[tuple[str, bool]]:
     """The test modules under tests/ that revision ``new`` adds or modifies
-    against ``old`` (a renamed one as added), or only adds."""
-    paths = out(
-        repo, "diff", "--name-only", "--no-renames",
-        "--diff-filter=" + ("A" if added_only else "AM"), old, new, "--", "tests/",
+    against ``old``, each with whether it adds it (a renamed one as added)."""
+    lines = out(
+        repo, "diff", "--name-status", "--no-renames", "--diff-filter=AM",
+        old, new, "--", "tests/",
     ).splitlines()  # fmt: skip
-    return [
-        path
-        for path in paths
-        if PurePosixPath(path).name.startswith("test_") and path.endswith(".py")
-    ]
+    modules = []
+    for line in lines:
+        status, path = line.split("\t", 1)
+        if PurePosixPath(path).name.startswith("test_") and path.endswith(".py"):
+            modules.append((path, status == "A"))
+    return modules
 
 
 def _changed_tests(repo: Path, old: str, new: str, path: str) -> list[str]:
